@@ -1,0 +1,76 @@
+"""Memories: what an episode's past looks like in the next step's prompt (`--memory NAME`).
+
+One instance per env. The rollout calls reset(task) at the start of an episode, add(obs, action,
+reward) after every step (obs = the observation the action was taken in), and text() to build the
+next prompt. The prompt never carries more than text(): that is what keeps step-independent
+prompts flat while episodes grow ("full" is the concatenation baseline that does grow).
+"""
+import re
+
+
+class NoMemory:
+    """Nothing: the prompt is the current observation only (enough when the game is Markov)."""
+
+    def __init__(self, k=2):
+        self.steps = []
+
+    def reset(self, task):
+        self.task, self.steps = task, []
+
+    def add(self, obs, action, reward):
+        self.steps.append((obs, action, reward))
+
+    def text(self):
+        return ""
+
+
+class WindowMemory(NoMemory):
+    """The last k (observation, action) pairs; the reference's default with k = 2."""
+
+    def __init__(self, k=2):
+        super().__init__()
+        self.k = k
+
+    def text(self):
+        recent = self.steps[-self.k:] if self.k > 0 else []
+        return " ".join(f"[{obs} -> {action}]" for obs, action, _ in recent)
+
+
+class FullHistory(WindowMemory):
+    """Every (observation, action) pair since the start: the prompt grows with the episode."""
+
+    def text(self):
+        return " ".join(f"[{obs} -> {action}]" for obs, action, _ in self.steps)
+
+
+class VisitedMemory(NoMemory):
+    """Structured memory, the teaching example (the seed article's TreasurePositionMemory): the
+    distinct positions visited so far, oldest first, at most k of the most recent, plus the last
+    action. It parses "at (r, c)" out of the observation, so it is specific to grid games."""
+
+    POS = re.compile(r"at \((\d+), (\d+)\)")
+
+    def __init__(self, k=5):
+        super().__init__()
+        self.k = k
+
+    def text(self):
+        visited = []
+        for obs, _, _ in self.steps:
+            m = self.POS.search(obs)
+            if m and m.groups() not in visited:
+                visited.append(m.groups())
+        if not self.steps:
+            return ""
+        cells = " ".join(f"({r}, {c})" for r, c in visited[-self.k:])
+        return f"visited {cells} last {self.steps[-1][1]}"
+
+
+MEMORIES = {"none": NoMemory, "window": WindowMemory, "full": FullHistory, "visited": VisitedMemory}
+
+
+def make_memory(name, k=None):
+    """k: window length / positions shown; None keeps the memory's own default."""
+    if name not in MEMORIES:
+        raise ValueError(f"unknown memory {name!r}: use --memory with one of {sorted(MEMORIES)}")
+    return MEMORIES[name]() if k is None else MEMORIES[name](k)

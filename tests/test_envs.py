@@ -1,0 +1,132 @@
+import pytest
+
+from envs import GroupedEnvs, make_env
+from envs.treasure import MOVES, TreasureHunt, success_rate
+from memory import MEMORIES, make_memory
+from prompts import prompt_module
+from prompts.treasure import parse
+
+
+def test_treasure_moves_and_borders():
+    env = TreasureHunt(size=5, max_steps=10)
+    obs, info = env.reset(seed=1)
+    env.pos, env.treasure = (0, 0), (2, 1)
+    assert env.step("up")[0].startswith("at (0, 0)")       # border: stays
+    assert env.step("left")[0].startswith("at (0, 0)")
+    assert env.step("down")[0].startswith("at (1, 0)")
+    assert env.step("dance")[0].startswith("at (1, 0)")    # invalid: a no-op, not a crash
+    obs, r, term, trunc, info = env.step("right")           # (1, 1)
+    assert (r, term) == (0.0, False)
+    obs, r, term, trunc, info = env.step("down")            # (2, 1) = treasure
+    assert (r, term, trunc, info["won"]) == (1.0, True, False, True)
+
+
+def test_treasure_truncates_and_has_no_step_counter():
+    env = TreasureHunt(size=5, max_steps=3)
+    obs0, _ = env.reset(seed=7)
+    env.pos, env.treasure = (0, 0), (4, 4)
+    seen = [env.step(a)[0] for a in ("up", "up")]
+    assert seen[0] == seen[1]                      # same state, same text: anchors recur
+    assert env.step("up")[3] is True               # truncated at max_steps
+
+
+def test_reset_depends_on_seed_only():
+    a, b = TreasureHunt(), TreasureHunt()
+    assert a.reset(5)[0] == b.reset(5)[0]
+    assert len({TreasureHunt().reset(s)[0] for s in range(50)}) > 30
+
+
+def test_random_and_optimal_baselines():
+    rand = success_rate(lambda env, rng: rng.choice(list(MOVES)), n=3000)
+    opt = success_rate(lambda env, rng: env.optimal_action(), n=3000)
+    assert 0.15 < rand < 0.3 and opt == 1.0
+
+
+def test_walls_block():
+    env = TreasureHunt(walls=3)
+    obs, _ = env.reset(seed=3)
+    assert obs.count("wall") == 3
+    wall = next(iter(env.walls))
+    env.pos = (wall[0] - 1, wall[1]) if wall[0] > 0 else (wall[0] + 1, wall[1])
+    before = env.pos
+    env.step("down" if wall[0] > before[0] else "up")
+    assert env.pos == before
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_grouped_envs_identical_starts(workers):
+    envs = GroupedEnvs("treasure", n_groups=3, group_size=4, workers=workers)
+    try:
+        obs, infos = envs.reset([11, 12, 13])
+        assert len(obs) == 12
+        for g in range(3):
+            assert len(set(obs[g * 4:(g + 1) * 4])) == 1
+        assert len({obs[0], obs[4], obs[8]}) == 3
+        res = envs.step({0: "up", 5: "nonsense"})
+        assert sorted(res) == [0, 5] and res[5][0] == obs[5]
+    finally:
+        envs.close()
+
+
+class Unseeded(TreasureHunt):
+    count = 0
+
+    def reset(self, seed):
+        Unseeded.count += 1
+        return super().reset(seed + Unseeded.count)   # depends on more than the seed
+
+
+def test_group_mismatch_fails_loudly(monkeypatch):
+    import envs as registry
+    monkeypatch.setitem(registry.ENVS, "unseeded", ("tests.test_envs", "Unseeded", {}))
+    envs = GroupedEnvs("unseeded", n_groups=1, group_size=2)
+    with pytest.raises(RuntimeError, match="group 0"):
+        envs.reset([0])
+
+
+def test_unknown_names():
+    with pytest.raises(ValueError, match="--env"):
+        make_env("nope")
+    with pytest.raises(ValueError, match="--memory"):
+        make_memory("nope")
+    with pytest.raises(ValueError, match="prompts/nope.py"):
+        prompt_module("nope")
+
+
+def test_parser_never_raises():
+    adm = list(MOVES)
+    assert parse("up", adm) == ("up", True)
+    assert parse("  LEFT \n", adm) == ("left", True)
+    for junk in ["", None, "up left", "upward", "<eos>", "x" * 100, "\x00\n"]:
+        action, valid = parse(junk, adm)
+        assert valid is False and isinstance(action, str) and len(action) <= 30
+
+
+def test_prompt_build_contains_obs_and_history():
+    p = prompt_module("treasure")
+    msgs = p.build("find the treasure", "visited (0, 0)", "at (1, 1) treasure (2, 2)", list(MOVES), 3)
+    assert msgs[-1]["role"] == "user"
+    assert msgs[-1]["content"] == "visited (0, 0) at (1, 1) treasure (2, 2)"
+
+
+def test_memories():
+    steps = [("at (0, 0) treasure (2, 2)", "down"), ("at (1, 0) treasure (2, 2)", "up"),
+             ("at (0, 0) treasure (2, 2)", "right")]
+    mems = {name: make_memory(name) for name in MEMORIES}
+    for m in mems.values():
+        m.reset("find the treasure")
+        assert m.text() == ""
+        for obs, a in steps:
+            m.add(obs, a, 0.0)
+    assert mems["none"].text() == ""
+    assert mems["window"].text() == "[at (1, 0) treasure (2, 2) -> up] [at (0, 0) treasure (2, 2) -> right]"
+    assert mems["full"].text().count("->") == 3
+    assert mems["visited"].text() == "visited (0, 0) (1, 0) last right"
+    assert make_memory("window", 1).text() == ""
+    w = make_memory("window", 1)
+    w.reset("t")
+    w.add("a", "up", 0)
+    w.add("b", "down", 0)
+    assert w.text() == "[b -> down]"
+    mems["window"].reset("again")
+    assert mems["window"].text() == ""

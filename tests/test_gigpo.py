@@ -1,0 +1,276 @@
+"""Tests for gigpo.py. Every expected number is worked out by hand in a comment."""
+import math
+import os
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import gigpo as G  # noqa: E402
+
+SQ2 = math.sqrt(2.0)
+
+
+def close(a, b, tol=1e-5):
+    np.testing.assert_allclose(np.asarray(a, dtype=np.float64), b, rtol=tol, atol=tol)
+
+
+# ------------------------------------------------------------------ returns and scores
+def test_discounted_returns_interleaved():
+    # traj 0 = samples 0,2,4 with r = 1,3,5 ; traj 1 = samples 1,3 with r = 2,4 ; gamma .5
+    # traj 0: R4 = 5, R2 = 3 + .5*5 = 5.5, R0 = 1 + .5*5.5 = 3.75
+    # traj 1: R3 = 4, R1 = 2 + .5*4 = 4
+    out = G.discounted_returns([1, 2, 3, 4, 5], [0, 1, 0, 1, 0], 0.5)
+    close(out, [3.75, 4.0, 5.5, 4.0, 5.0])
+
+
+def test_episode_scores_with_invalid_step():
+    # traj 0 rewards 0,0,1 -> return 1 ; traj 1 rewards 0,0 -> 0
+    # sample 1 is invalid: 1 - 0.1 = 0.9 ; the others keep their trajectory return
+    out = G.episode_scores([0, 0, 1, 0, 0], [0, 0, 0, 1, 1], [1, 0, 1, 1, 1], 0.1)
+    close(out, [1.0, 0.9, 1.0, 0.0, 0.0])
+
+
+def test_step_returns_penalty_not_discounted():
+    # R = [0 + .5*.5, 0 + .5*1, 1] = [.25, .5, 1]; penalty .1 only on sample 1 -> .4
+    # sample 0 stays .25 (a discounted-back penalty would give .25 - .05 = .2)
+    out = G.step_returns([0, 0, 1], [7, 7, 7], [True, False, True], 0.5, 0.1)
+    close(out, [0.25, 0.4, 1.0])
+
+
+# ------------------------------------------------------------------ group normalisation
+VALS = [1, 0, 0, 1, 2, 4, 6]
+GIDS = [0, 0, 0, 0, 1, 1, 1]
+
+
+def test_mean_norm_two_groups():
+    # group 0: mean .5 -> [.5, -.5, -.5, .5] ; group 1: mean 4 -> [-2, 0, 2]
+    close(G.group_stats_normalize(VALS, GIDS, "mean_norm"), [.5, -.5, -.5, .5, -2, 0, 2])
+
+
+def test_mean_std_norm_two_groups():
+    # group 0: mean .5, var = 4 * .25 / 3 = 1/3, std = sqrt(1/3) = .57735
+    #          .5 / .57735 = .866025 (= sqrt(3)/2)
+    # group 1: mean 4, var = (4 + 0 + 4) / 2 = 4, std 2 -> [-1, 0, 1]
+    h = math.sqrt(3) / 2
+    out = G.group_stats_normalize(VALS, GIDS, "mean_std_norm", eps=0.0)
+    close(out, [h, -h, -h, h, -1, 0, 1], tol=1e-12)
+
+
+def test_bad_norm_name():
+    with pytest.raises(ValueError, match="mean_std_norm"):
+        G.group_stats_normalize([1.0], [0], "zscore")
+
+
+def test_singleton_episode_group():
+    # group 0 has one member: mean 0, std 1 -> 3 / (1 + 1e-6) (mean_norm: 3)
+    # group 1: values 1, 2 -> mean 1.5, std sqrt(.5) = .70711 -> -/+ .5 / .70711 = -/+ .70711
+    out = G.group_stats_normalize([3, 1, 2], [0, 1, 1], "mean_std_norm")
+    close(out, [3 / (1 + 1e-6), -1 / SQ2, 1 / SQ2])
+    close(G.group_stats_normalize([3, 1, 2], [0, 1, 1], "mean_norm"), [3, -.5, .5])
+
+
+def test_zero_variance_group_gives_zeros():
+    # all equal: x - mean = 0, std = 0 -> 0 / (0 + eps) = 0, not NaN
+    for norm in G.NORMS:
+        out = G.episode_advantage([1, 1, 1, 1], [0, 0, 0, 0], [0, 0, 1, 1], norm=norm)
+        assert np.all(np.isfinite(out))
+        close(out, [0, 0, 0, 0], tol=0)
+
+
+def test_step_vs_traj_statistics_differ():
+    # traj A has 3 steps with score 1, traj B one step with score 0, one group.
+    scores, gids, tids = [1, 1, 1, 0], [0, 0, 0, 0], ["A", "A", "A", "B"]
+    # step stats: mean .75, var = (3 * .0625 + .5625) / 3 = .25, std .5
+    #   A: .25 / .5 = .5 ; B: -.75 / .5 = -1.5
+    step = G.episode_advantage(scores, gids, tids, stats="step")
+    close(step, [.5, .5, .5, -1.5])
+    # traj stats: units A = 1, B = 0 -> mean .5, std sqrt(.5) = .70711
+    #   A: .5 / .70711 = .70711 ; B: -.70711
+    traj = G.episode_advantage(scores, gids, tids, stats="traj")
+    close(traj, [1 / SQ2] * 3 + [-1 / SQ2])
+    with pytest.raises(ValueError, match="traj"):
+        G.episode_advantage(scores, gids, tids, stats="episode")
+
+
+def test_unit_value_is_mean_of_its_samples():
+    # traj A samples 1, .9 -> unit value .95 ; traj B sample 0 -> 0 ; mean over units .475
+    # each sample subtracts from its own value: 1 - .475 = .525, .9 - .475 = .425, -.475
+    out = G.group_stats_normalize([1, .9, 0], [0, 0, 0], "mean_norm", unit_ids=["A", "A", "B"])
+    close(out, [.525, .425, -.475])
+
+
+def test_rloo_by_hand():
+    scores, gids, tids = [1, 1, 1, 0, 5], [0, 0, 0, 0, 1], ["A", "A", "A", "B", "C"]
+    # step: group 0 members 1,1,1,0 (n = 4).
+    #   a "1" sample: 1 - mean(1, 1, 0) = 1 - 2/3 = 1/3 ; the "0": 0 - mean(1, 1, 1) = -1
+    #   group 1 has n = 1 -> 0
+    close(G.rloo_advantage(scores, gids, tids), [1 / 3] * 3 + [-1, 0])
+    # traj: units A = 1, B = 0 (n = 2): A: 1 - 0 = 1 ; B: 0 - 1 = -1 ; C alone -> 0
+    close(G.rloo_advantage(scores, gids, tids, stats="traj"), [1, 1, 1, -1, 0])
+
+
+# ------------------------------------------------------------------ step groups
+def test_step_groups_exact_with_loop_and_group_separation():
+    anchors = ["s0", "s1", "s0", "s0", "s2", "s0"]
+    gids = [0, 0, 0, 0, 0, 1]
+    # traj 0 = samples 0,1,2 (visits s0 twice: a loop) ; traj 1 = samples 3,4 ; group 1 = sample 5
+    # (0,s0) -> 0, (0,s1) -> 1, (0,s0) -> 0, (0,s0) -> 0, (0,s2) -> 2, (1,s0) -> 3 (other group)
+    out = G.step_groups(anchors, gids)
+    assert out.tolist() == [0, 1, 0, 0, 2, 3]
+    assert out.dtype.kind == "i"
+
+
+def test_step_groups_similarity():
+    anchors = ["at (1, 2)", "at (1, 2) ", "at (3, 4)"]
+    # exact: three different strings -> three groups
+    assert G.step_groups(anchors, [0, 0, 0]).tolist() == [0, 1, 2]
+    # ratio("at (1, 2) ", "at (1, 2)") = 2*9/(10+9) = .947 >= .9 -> joins group 0
+    # ratio("at (3, 4)", "at (1, 2)"): matches "at (", ", ", ")" = 7 chars -> 14/18 = .778 -> new
+    assert G.step_groups(anchors, [0, 0, 0], similarity=0.9).tolist() == [0, 0, 1]
+    with pytest.raises(ValueError):
+        G.step_groups(anchors, [0, 0, 0], similarity=0.0)
+
+
+def test_step_advantage_singleton_is_zero():
+    # step group 0: rets 1, 3 -> mean 2, std sqrt(2) -> -/+ 1/sqrt(2) ; group 1 alone -> 0
+    out = G.step_advantage([1, 3, 5], [0, 0, 1])
+    close(out, [-1 / SQ2, 1 / SQ2, 0])
+
+
+# ------------------------------------------------------------------ compute_advantages
+# One episode group, gamma .5, omega 1, penalty .1, samples interleaved:
+#   sample: 0      1      2      3      4
+#   traj:   0      1      0      1      0
+#   anchor: s0     s0     s1     s1     s2
+#   reward: 0      0      0      0      1
+#   valid:  1      1      1      0      1
+EX = dict(rewards=[0, 0, 0, 0, 1], traj_ids=[0, 1, 0, 1, 0], group_ids=[9] * 5,
+          anchors=["s0", "s0", "s1", "s1", "s2"], valid=[1, 1, 1, 0, 1])
+EX_KW = dict(gamma=0.5, omega=1.0, penalty=0.1)
+# Episode scores: traj 0 returns 1 -> [1, ., 1, ., 1]; traj 1 returns 0, sample 3 invalid -> -.1
+#   values [1, 0, 1, -.1, 1]; mean = 2.9 / 5 = .58
+#   deviations .42 (x3), -.58, -.68; squares .1764*3 + .3364 + .4624 = 1.328
+#   var = 1.328 / 4 = .332, std = .576194
+#   A^E: .42/.576194 = .728921 ; -.58/.576194 = -1.006605 ; -.68/.576194 = -1.180157
+AE = [0.728921, -1.006605, 0.728921, -1.180157, 0.728921]
+# Step returns: traj 0: [0 + .5*.5, 0 + .5*1, 1] = [.25, .5, 1] ; traj 1: [0, 0 - .1] = [0, -.1]
+#   s0 = {.25 (s0), 0 (s1)} -> mean .125, std .125*sqrt2 -> +/- 1/sqrt2 = .707107
+#   s1 = {.5 (s2), -.1 (s3)} -> +/- .707107 ; s2 = {1} alone -> 0
+AS = [1 / SQ2, -1 / SQ2, 1 / SQ2, -1 / SQ2, 0.0]
+
+
+def test_compute_advantages_gigpo_by_hand():
+    out = G.compute_advantages(**EX, **EX_KW)
+    # A = A^E + A^S = [1.436028, -1.713712, 1.436028, -1.887264, .728921]
+    close(out, [a + s for a, s in zip(AE, AS)])
+    close(out, [1.436028, -1.713712, 1.436028, -1.887264, 0.728921])
+    assert out.shape == (5,)
+
+
+def test_compute_advantages_grpo_is_gigpo_omega_zero():
+    grpo = G.compute_advantages(**EX, **EX_KW, algo="grpo")
+    close(grpo, AE)
+    zero = G.compute_advantages(**EX, gamma=0.5, omega=0.0, penalty=0.1)
+    np.testing.assert_array_equal(grpo, zero)
+
+
+def test_compute_advantages_rloo():
+    # scores [1, 0, 1, -.1, 1], n = 5, sum 2.9
+    # a "1": 1 - (2.9 - 1)/4 = 1 - .475 = .525 ; the 0: 0 - 2.9/4 = -.725 ; -.1 - 3/4 = -.85
+    out = G.compute_advantages(**EX, **EX_KW, algo="rloo")
+    close(out, [.525, -.725, .525, -.85, .525])
+
+
+def test_compute_advantages_bad_inputs():
+    bad = dict(EX, rewards=[0, float("nan"), 0, 0, 1])
+    with pytest.raises(ValueError, match="NaN/inf reward at sample 1"):
+        G.compute_advantages(**bad)
+    with pytest.raises(ValueError, match="NaN/inf reward at sample 4"):
+        G.compute_advantages(**dict(EX, rewards=[0, 0, 0, 0, float("inf")]))
+    with pytest.raises(ValueError, match="same length"):
+        G.compute_advantages(**dict(EX, valid=[1, 1, 1]))
+    with pytest.raises(ValueError, match="gigpo"):
+        G.compute_advantages(**EX, algo="ppo")
+    with pytest.raises(ValueError, match="episode groups"):
+        G.compute_advantages(**dict(EX, group_ids=[9, 9, 8, 9, 9]))
+
+
+def test_compute_advantages_empty():
+    out = G.compute_advantages([], [], [], [], [])
+    assert isinstance(out, np.ndarray) and out.shape == (0,)
+
+
+def test_advantage_stats():
+    # groups: 0 -> scores 1,1,0,0 (varies), 1 -> 2,2 (all equal) -> zero_var 1/2
+    # step groups sizes: id0: 2, id1: 1, id2: 1, id3: 2 -> hist {1: 2, 2: 2}
+    # singleton 2/4 = .5 ; mean size 6/4 = 1.5
+    st = G.advantage_stats([1, 1, 0, 0, 2, 2], [0, 0, 0, 0, 1, 1], [0, 0, 1, 2, 3, 3])
+    assert st == {"zero_var_group_frac": 0.5, "step_group_size_hist": {1: 2, 2: 2},
+                  "singleton_step_group_frac": 0.5, "mean_step_group_size": 1.5}
+
+
+# ------------------------------------------------------------------ torch losses
+def _t(x):
+    return torch.tensor(x, dtype=torch.float64)
+
+
+def test_policy_loss_ratio_one_is_minus_mean_adv():
+    logp = _t([[-1.0, -2.0, -3.0], [-0.5, -0.7, -0.9]])
+    mask = _t([[1, 1, 0], [1, 0, 0]])
+    # tokens: A = 1, 1 (row 0), A = -.5 (row 1) -> pg = -A -> (-1 - 1 + .5) / 3 = -.5
+    loss, st = G.policy_loss(logp, logp.clone(), _t([1.0, -0.5]), mask)
+    assert loss.item() == pytest.approx(-0.5)
+    assert st["clip_frac"].item() == 0.0 and st["approx_kl"].item() == 0.0
+    assert not st["approx_kl"].requires_grad
+
+
+def test_policy_loss_clip_binds():
+    # A = 1, ratio 1.5: max(-1.5, -1.2) = -1.2 ; the clipped branch has zero gradient
+    logp = torch.tensor([[math.log(1.5)]], dtype=torch.float64, requires_grad=True)
+    loss, st = G.policy_loss(logp, _t([[0.0]]), _t([1.0]), _t([[1.0]]))
+    assert loss.item() == pytest.approx(-1.2)
+    assert st["clip_frac"].item() == 1.0
+    loss.backward()
+    assert logp.grad.item() == 0.0
+    # A = 1, ratio .5: max(-.5, -.8) = -.5 (the pessimistic, unclipped term)
+    loss, _ = G.policy_loss(_t([[math.log(0.5)]]), _t([[0.0]]), _t([1.0]), _t([[1.0]]))
+    assert loss.item() == pytest.approx(-0.5)
+
+
+def test_policy_loss_dual_clip_binds():
+    # A = -1, ratio 5: max(5, 1.2) = 5 ; dual clip min(5, -A*3 = 3) = 3
+    args = (_t([[math.log(5.0)]]), _t([[0.0]]), _t([[-1.0]]), _t([[1.0]]))
+    loss, st = G.policy_loss(*args)
+    assert loss.item() == pytest.approx(3.0)
+    assert st["dual_clip_frac"].item() == 1.0
+    loss, _ = G.policy_loss(*args, dual_clip=None)  # off -> 5
+    assert loss.item() == pytest.approx(5.0)
+
+
+def test_policy_loss_token_count_microbatches():
+    logp = _t([[-1.0, -2.0, -3.0], [-0.5, -0.7, -0.9]])
+    mask = torch.tensor([[True, True, False], [True, False, False]])
+    adv = _t([1.0, -0.5])
+    # ratio 1, global count 3: row 0 -> (-1 - 1)/3 = -2/3 ; row 1 -> .5/3 ; sum -.5 = full batch
+    l0, _ = G.policy_loss(logp[:1], logp[:1], adv[:1], mask[:1], token_count=3)
+    l1, _ = G.policy_loss(logp[1:], logp[1:], adv[1:], mask[1:], token_count=3)
+    full, _ = G.policy_loss(logp, logp, adv, mask)
+    assert l0.item() == pytest.approx(-2 / 3) and l1.item() == pytest.approx(0.5 / 3)
+    assert (l0 + l1).item() == pytest.approx(full.item()) == pytest.approx(-0.5)
+
+
+def test_kl_k3():
+    logp = _t([-1.0, -2.0, -0.3])
+    assert torch.all(G.kl_k3(logp, logp) == 0)
+    # d = ref - logp = 1: e - 1 - 1 = .718282 ; d = -1: e^-1 + 1 - 1 = .367879
+    # d = 30 -> clamped to 20 -> e^20 - 21 is huge -> clamped to 10
+    out = G.kl_k3(_t([0.0, 0.0, 0.0]), _t([1.0, -1.0, 30.0]))
+    close(out.numpy(), [0.718282, 0.367879, 10.0])
+    assert torch.all(out >= 0)
+
+
+def test_masked_mean_empty_mask_is_zero():
+    assert G.masked_mean(_t([1.0, 2.0]), _t([0.0, 0.0])).item() == 0.0

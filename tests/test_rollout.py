@@ -1,0 +1,90 @@
+import torch
+
+from envs import GroupedEnvs
+from memory import make_memory
+from prompts import prompt_module
+from rollout import HFEngine, render_prompts, rollout
+from train import collate, token_logprobs
+
+
+def prompts_for(tok, obs_list):
+    p = prompt_module("treasure")
+    return render_prompts(tok, [p.build("t", "", o, [], 0) for o in obs_list])
+
+
+def test_prompt_ids_are_compact(tiny_model):
+    _, tok = tiny_model
+    ids = prompts_for(tok, ["at (1, 3) treasure (4, 0)"])[0]
+    assert len(ids) == 14 and tok.unk_token_id not in ids
+    assert tok.decode(ids) == "at ( 1 , 3 ) treasure ( 4 , 0 ) act :"
+
+
+def test_greedy_engine_equals_manual_argmax(tiny_model):
+    model, tok = tiny_model
+    prompts = prompts_for(tok, ["at (0, 0) treasure (4, 4)", "at (2, 3) treasure (1, 1)"])
+    prompts[1] = prompts[1][2:]            # unequal lengths: exercises left padding
+    outs = HFEngine(model, tok).generate(prompts, temperature=0, max_tokens=4)
+    for p, (ids, lps) in zip(prompts, outs):
+        seq, manual = list(p), []
+        with torch.no_grad():
+            for _ in range(4):
+                logits = model(input_ids=torch.tensor([seq])).logits[0, -1]
+                nxt = int(logits.argmax())
+                manual.append(nxt)
+                seq.append(nxt)
+                if nxt == tok.eos_token_id:
+                    break
+        assert ids == manual and len(lps) == len(ids)
+
+
+def test_sampled_logprobs_match_training_recompute(tiny_model):
+    model, tok = tiny_model
+    torch.manual_seed(0)
+    envs = GroupedEnvs("treasure", 4, 4)
+    mems = [make_memory("window") for _ in range(envs.n)]      # prompts of several lengths
+    samples, _, _ = rollout(envs, HFEngine(model, tok), tok, prompt_module("treasure"), mems,
+                            [1, 2, 3, 4], temperature=1.0, top_p=1.0, max_tokens=3)
+    ids, attn, resp, rollout_logp = collate(samples, tok.pad_token_id)
+    with torch.no_grad():
+        train_logp, _ = token_logprobs(model, ids, attn)
+    gap = ((train_logp - rollout_logp).abs() * resp).sum() / resp.sum()
+    assert resp.sum() == sum(len(s.response_ids) for s in samples)
+    assert gap < 1e-4, f"mean |logp_rollout - logp_train| = {gap}"
+
+
+class ScriptedEngine:
+    """Returns fixed token ids: lets a test see exactly what the rollout records."""
+
+    def __init__(self, tok, script):
+        self.tok, self.script, self.calls = tok, script, []
+
+    def generate(self, prompts, temperature, top_p, max_tokens):
+        self.calls.append(len(prompts))
+        return [(list(self.script(len(self.calls) - 1, b)), [-0.5] * len(self.script(0, b)))
+                for b in range(len(prompts))]
+
+
+def test_rollout_records_ids_untouched_and_flags_invalid(tiny_model):
+    _, tok = tiny_model
+    up, pad, eos = tok.convert_tokens_to_ids("up"), tok.pad_token_id, tok.eos_token_id
+    left = tok.convert_tokens_to_ids("left")
+
+    def script(call, b):   # env 0 says "up <pad>" (decodes to "up"), env 1 says "up left": invalid
+        return [up, pad] if b % 2 == 0 else [up, left]
+    envs = GroupedEnvs("treasure", 1, 2, max_steps=3)
+    engine = ScriptedEngine(tok, script)
+    mems = [make_memory("full") for _ in range(2)]
+    samples, episodes, timing = rollout(envs, engine, tok, prompt_module("treasure"), mems, [5],
+                                        1.0, 1.0, 3)
+    by_env = {i: [s for s in samples if s.traj == i] for i in (0, 1)}
+    # never re-tokenised: "up <pad>" would re-encode to [up]
+    assert all(s.response_ids == [up, pad] for s in by_env[0])
+    assert all(s.valid for s in by_env[0]) and not any(s.valid for s in by_env[1])
+    assert [s.step for s in by_env[1]] == [0, 1, 2] and by_env[1][-1].done
+    assert episodes[1]["invalid"] == 3 and episodes[1]["length"] == 3
+    # env 1 never moved: its anchor (the obs the action was taken in) is the same every step
+    assert len({s.anchor for s in by_env[1]}) == 1
+    # full history grows the prompt of later steps; step-independent: one call per step, batched
+    assert len(by_env[1][2].prompt_ids) > len(by_env[1][0].prompt_ids)
+    assert engine.calls[0] == 2 and sum(engine.calls) == len(samples)
+    assert set(timing) == {"gen", "env", "other"}

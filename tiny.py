@@ -1,0 +1,66 @@
+"""The embedded default model: a tiny Llama trained from scratch, with a word-level tokenizer
+trained locally with `tokenizers` on text the env, its prompts and every memory produce. No
+download; a standard HF model + tokenizer, so the rest of the code treats it like any hub model.
+
+Shape (why): hidden 64 with 2 heads gives head_dim 32 (vLLM's CPU attention needs >= 32); init
+std 0.1, not HF's 0.02 -- at 0.02 attention starts near-uniform and the model long cannot tell
+which digit is which coordinate (a measured plateau); tied embeddings keep it at ~0.1M parameters.
+"""
+import random
+
+from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+SPECIALS = ["<pad>", "<eos>", "<unk>"]
+CHAT_TEMPLATE = ("{% for m in messages %}{{ m['content'] }} {% endfor %}"
+                 "{% if add_generation_prompt %}act :{% endif %}")
+
+
+def corpus(env_name, episodes=200, seed=0):
+    """Every string the tiny model can be shown or asked to say, from random episodes."""
+    from envs import make_env
+    from memory import MEMORIES, make_memory
+    from prompts import prompt_module
+    env, prompt, rng = make_env(env_name), prompt_module(env_name), random.Random(seed)
+    yield "act :"
+    for ep in range(episodes):
+        obs, info = env.reset(seed=10**8 + ep)
+        mems = [make_memory(name) for name in MEMORIES]
+        for m in mems:
+            m.reset(info["task"])
+        done, step = False, 0
+        while not done:
+            yield " ".join(info["admissible_actions"])
+            for m in mems:
+                for msg in prompt.build(info["task"], m.text(), obs, info["admissible_actions"], step):
+                    yield msg["content"]
+            action = rng.choice(info["admissible_actions"])
+            new_obs, r, term, trunc, info = env.step(action)
+            for m in mems:
+                m.add(obs, action, r)
+            obs, done, step = new_obs, term or trunc, step + 1
+
+
+def build_tokenizer(env_name):
+    tok = Tokenizer(models.WordLevel(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Punctuation("isolated"),
+        pre_tokenizers.Digits(individual_digits=True)])
+    tok.train_from_iterator(corpus(env_name), trainers.WordLevelTrainer(special_tokens=SPECIALS))
+    hf = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>",
+                                 unk_token="<unk>")
+    hf.chat_template = CHAT_TEMPLATE
+    return hf
+
+
+def build_tiny(env_name="treasure", hidden=64, layers=2, heads=2, init_std=0.1, seed=0):
+    import torch
+    tokenizer = build_tokenizer(env_name)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=4 * hidden,
+        num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads,
+        max_position_embeddings=1024, initializer_range=init_std, tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.eos_token_id)
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(config), tokenizer
