@@ -54,7 +54,7 @@ class HFEngine:
         out = model.generate(
             input_ids=ids.to(device), attention_mask=mask.to(device), max_new_tokens=max_tokens,
             do_sample=not greedy, temperature=None if greedy else temperature,
-            top_p=None if greedy else top_p, top_k=None, eos_token_id=eos, pad_token_id=pad,
+            top_p=None if greedy else top_p, top_k=None if greedy else 0, eos_token_id=eos, pad_token_id=pad,
             output_logits=True, return_dict_in_generate=True)
         model.train(was_training)
         seq = out.sequences[:, width:].cpu()                                  # (B, n)

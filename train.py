@@ -40,6 +40,9 @@ class Config:
     env_workers: int = 0           # env worker processes; 0 = step in-process (fine for the toy game)
     # model and generation
     model: str = "tiny"            # "tiny" = built here from scratch (tiny.py), or an HF name/path
+    tiny_hidden: int = 64          # tiny model: hidden size (head_dim = hidden / heads >= 32 for vLLM CPU)
+    tiny_layers: int = 2           # tiny model: decoder layers
+    tiny_heads: int = 2            # tiny model: attention heads
     temperature: float = 1.0       # rollout sampling temperature (paper: 1.0)
     top_p: float = 1.0             # rollout nucleus sampling
     max_response_tokens: int = 3   # tokens per step response (paper: 512)
@@ -48,11 +51,11 @@ class Config:
     gamma: float = 0.95            # discount of step returns (paper: 0.95)
     omega: float = 1.0             # weight of the step-level advantage (paper: 1.0)
     penalty: float = 0.1           # invalid-action penalty lambda (paper: 0.1)
-    norm: str = "mean_std_norm"    # mean_std_norm (paper "w/ std") | mean_norm ("w/o std")
+    norm: str = "mean_norm"        # mean_norm (paper "w/o std") | mean_std_norm ("w/ std"; plateaus here, README)
     stats: str = "step"            # episode-group statistics over step samples (reference) | traj (paper text)
     similarity: float = 0.0        # 0 = exact anchor match; else difflib ratio threshold for step groups
     # optimisation
-    iterations: int = 60           # training iterations (paper: 150)
+    iterations: int = 200          # training iterations (paper: 150)
     lr: float = 3e-3               # peak learning rate (paper: 1e-6 for 1.5B)
     lr_min: float = 0.1            # cosine decay to lr * lr_min at the end; 1.0 = constant (paper)
     weight_decay: float = 0.0      # AdamW weight decay (paper: 0.01)
@@ -65,7 +68,7 @@ class Config:
     mini_batch: int = 512          # step samples per optimizer step (paper: 256)
     micro_batch: int = 512         # step samples per forward/backward (paper: 32 per GPU)
     # evaluation, logging, io
-    eval_every: int = 10           # greedy eval on held-out seeds every k iterations (and at the end)
+    eval_every: int = 5            # greedy eval on held-out seeds every k iterations (and at the end)
     eval_episodes: int = 256       # held-out seeds 10**9 + [0, n): the same set every run
     eval_temperature: float = 0.0  # 0 = greedy (paper: 0.4 sampled)
     seed: int = 0                  # seeds torch, python and the training env seeds
@@ -132,7 +135,7 @@ def check_config(cfg):
 def load_model(cfg, device):
     if cfg.model == "tiny":
         from tiny import build_tiny
-        model, tok = build_tiny(cfg.env, seed=cfg.seed)
+        model, tok = build_tiny(cfg.env, cfg.tiny_hidden, cfg.tiny_layers, cfg.tiny_heads, seed=cfg.seed)
     else:
         from transformers import AutoModelForCausalLM, AutoTokenizer
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32

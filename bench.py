@@ -1,0 +1,78 @@
+"""Seed sweeps: run train.py for several named configs x seeds, in parallel processes, and print a
+markdown table (success, iterations and wall time to reach a bar, final held-out success).
+
+    python bench.py --seeds 0 1 2 3 4 --parallel 2 --run gigpo="--algo gigpo" --run grpo="--algo grpo"
+
+Each run gets `--threads` torch threads and its own out dir under --out; its metrics.jsonl is read
+back. Wall times are those of the machine and the parallelism the command ran with: compare
+configs only within one sweep.
+"""
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+
+def run_one(name, extra, seed, args):
+    out = os.path.join(args.out, f"{name}-s{seed}")
+    cmd = [sys.executable, "train.py", "--seed", str(seed), "--threads", str(args.threads),
+           "--device", "cpu", "--out_dir", out, *shlex.split(extra)]
+    t0 = time.time()
+    with open(out + ".log", "w") as log:
+        rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode
+    print(f"{name} seed {seed}: rc {rc}, {time.time() - t0:.0f}s", flush=True)
+    return name, seed, out
+
+
+def summarise(name, runs, bar):
+    rows = []
+    for out in runs:
+        path = os.path.join(out, "metrics.jsonl")
+        ms = [json.loads(l) for l in open(path)] if os.path.exists(path) else []
+        evals = [m for m in ms if m.get("eval_success") is not None and m["iteration"] % 1 == 0]
+        hit = next((m for m in ms if (m.get("eval_success") or 0) >= bar), None)
+        rows.append({"final": ms[-1]["eval_success"] if ms else float("nan"),
+                     "it_bar": hit["iteration"] if hit else None, "wall_bar": hit["wall"] if hit else None,
+                     "wall": ms[-1]["wall"] if ms else float("nan"), "peak": max([m["eval_success"] for m in evals] or [0])})
+    fin = np.array([r["final"] for r in rows])
+    reached = [r for r in rows if r["it_bar"] is not None]
+    its = np.array([r["it_bar"] for r in reached], float)
+    walls = np.array([r["wall_bar"] for r in reached], float)
+    fmt = lambda a, p: f"{a.mean():.{p}f} +- {a.std():.{p}f}" if len(a) else "-"
+    print(f"| {name} | {len(reached)}/{len(rows)} | {fmt(its, 0)} | {fmt(walls, 0)} | {fmt(fin, 3)} | "
+          f"{sum(f >= 0.9 for f in fin)}/{len(rows)} | {np.mean([r['wall'] for r in rows]):.0f} | "
+          f"{' '.join(f'{f:.2f}' for f in fin)} |")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--run", action="append", required=True, help='NAME="train.py flags"')
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    ap.add_argument("--parallel", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--bar", type=float, default=0.8, help="held-out success to time")
+    ap.add_argument("--out", default="out/bench")
+    ap.add_argument("--report", action="store_true", help="only summarise the runs already in --out")
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    runs = [tuple(r.split("=", 1)) if "=" in r else (r, "") for r in args.run]
+    jobs = [(name, extra, seed) for name, extra in runs for seed in args.seeds]
+    if args.report:
+        done = [(name, seed, os.path.join(args.out, f"{name}-s{seed}")) for name, _, seed in jobs]
+    else:
+        with ThreadPoolExecutor(args.parallel) as pool:
+            done = list(pool.map(lambda j: run_one(*j, args), jobs))
+    print(f"\n| config | reached {args.bar} | iterations to {args.bar} | seconds to {args.bar} | final held-out "
+          f"success | final >= 0.9 | run seconds | finals |\n|---|---|---|---|---|---|---|---|")
+    for name, _ in runs:
+        summarise(name, [out for n, _, out in done if n == name], args.bar)
+
+
+if __name__ == "__main__":
+    main()
