@@ -72,6 +72,7 @@ class Config:
     eval_episodes: int = 256       # held-out seeds 10**9 + [0, n): the same set every run
     eval_temperature: float = 0.0  # 0 = greedy (paper: 0.4 sampled)
     seed: int = 0                  # seeds torch, python and the training env seeds
+    train_seeds: int = 0           # 0 = fresh env seeds every iteration; N = cycle N fixed tasks (overfit check)
     threads: int = 2               # torch CPU threads
     device: str = "auto"           # auto | cpu | cuda
     out_dir: str = "out"           # metrics.jsonl, ckpt.pt, model/ (HF format)
@@ -315,7 +316,8 @@ def main(argv=None):
     for it in bar:
         t_it = time.perf_counter()
         memories = [make_memory(cfg.memory, cfg.memory_k or None) for _ in range(n_envs)]
-        seeds = [cfg.seed * 10**7 + it * cfg.n_groups + g for g in range(cfg.n_groups)]
+        first = cfg.seed * 10**7 + (0 if cfg.train_seeds else it * cfg.n_groups)
+        seeds = [first + (g % cfg.train_seeds if cfg.train_seeds else g) for g in range(cfg.n_groups)]
         samples, episodes, timing = rollout(envs, engine, tok, prompt, memories, seeds, cfg.temperature,
                                             cfg.top_p, cfg.max_response_tokens)
         adv = gigpo.compute_advantages(
