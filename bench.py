@@ -35,7 +35,7 @@ def summarise(name, runs, bar):
     for out in runs:
         path = os.path.join(out, "metrics.jsonl")
         ms = [json.loads(l) for l in open(path)] if os.path.exists(path) else []
-        evals = [m for m in ms if m.get("eval_success") is not None and m["iteration"] % 1 == 0]
+        evals = [m for m in ms if m.get("eval_success") is not None]
         hit = next((m for m in ms if (m.get("eval_success") or 0) >= bar), None)
         rows.append({"final": ms[-1]["eval_success"] if ms else float("nan"),
                      "it_bar": hit["iteration"] if hit else None, "wall_bar": hit["wall"] if hit else None,

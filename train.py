@@ -262,6 +262,8 @@ def save(model, tok, opt, cfg, it, out_dir):
     torch.save(ckpt, os.path.join(out_dir, "ckpt.pt.tmp"))
     os.replace(os.path.join(out_dir, "ckpt.pt.tmp"), os.path.join(out_dir, "ckpt.pt"))
     tmp, final, old = (os.path.join(out_dir, n) for n in ("model.tmp", "model", "model.old"))
+    from transformers.utils import logging as hf_logging
+    hf_logging.disable_progress_bar()
     model.save_pretrained(tmp)
     tok.save_pretrained(tmp)
     if os.path.exists(final):
@@ -320,11 +322,14 @@ def main(argv=None):
         seeds = [first + (g % cfg.train_seeds if cfg.train_seeds else g) for g in range(cfg.n_groups)]
         samples, episodes, timing = rollout(envs, engine, tok, prompt, memories, seeds, cfg.temperature,
                                             cfg.top_p, cfg.max_response_tokens)
-        adv = gigpo.compute_advantages(
-            [s.reward for s in samples], [s.traj for s in samples], [s.group for s in samples],
-            [s.anchor for s in samples], [s.valid for s in samples], algo=cfg.algo, gamma=cfg.gamma,
-            omega=cfg.omega, penalty=cfg.penalty, norm=cfg.norm, stats=cfg.stats,
-            similarity=cfg.similarity or None)
+        try:  # NaN/inf rewards fail here, loudly, in one line (the last checkpoint stays)
+            adv = gigpo.compute_advantages(
+                [s.reward for s in samples], [s.traj for s in samples], [s.group for s in samples],
+                [s.anchor for s in samples], [s.valid for s in samples], algo=cfg.algo,
+                gamma=cfg.gamma, omega=cfg.omega, penalty=cfg.penalty, norm=cfg.norm,
+                stats=cfg.stats, similarity=cfg.similarity or None)
+        except ValueError as e:
+            sys.exit(f"error: iteration {it}: {e}; fix the env {cfg.env!r} rewards")
         step_groups = gigpo.step_groups([s.anchor for s in samples], [s.group for s in samples],
                                        cfg.similarity or None)
         scores = gigpo.episode_scores([s.reward for s in samples], [s.traj for s in samples],

@@ -70,3 +70,14 @@ def test_learns_the_action_format(tmp_path):
     assert rows[0]["valid_ratio"] < 0.1, rows[0]["valid_ratio"]
     assert min(m["valid_ratio"] for m in rows[-3:]) > 0.8, [m["valid_ratio"] for m in rows]
     assert rows[-1]["entropy"] < rows[0]["entropy"]
+
+
+def test_nan_reward_is_one_line(tmp_path, monkeypatch):
+    """An env that returns NaN rewards stops the run with one line naming the iteration."""
+    import train
+    from envs.treasure import TreasureHunt
+    monkeypatch.setattr(TreasureHunt, "step", lambda self, a: ("at (0, 0) treasure (1, 1)",
+                                                               float("nan"), True, False, {"won": False}))
+    with pytest.raises(SystemExit, match="iteration 1: NaN/inf reward"):
+        train.main(["--iterations", "1", "--n_groups", "2", "--group_size", "2", "--eval_episodes", "2",
+                    "--out_dir", str(tmp_path)])
