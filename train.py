@@ -228,7 +228,7 @@ def update(model, ref, opt, sched, batch, cfg, device):
     return {k: float(v) / max(n_steps, 1) for k, v in stats.items()} | {"optimizer_steps": n_steps}
 
 
-def evaluate(model, tok, cfg, envs, prompt, engine):
+def evaluate(tok, cfg, envs, prompt, engine):
     """Greedy (or eval_temperature) episodes on the held-out seeds -> success rate."""
     memories = [make_memory(cfg.memory, cfg.memory_k or None) for _ in range(envs.n)]
     seeds = [10**9 + k for k in range(envs.n_groups)]
@@ -349,7 +349,7 @@ def main(argv=None):
         t_sync = time.perf_counter() - t0
 
         if it % cfg.eval_every == 0 or it == cfg.iterations:
-            eval_success = evaluate(model, tok, cfg, eval_envs, prompt, engine)
+            eval_success = evaluate(tok, cfg, eval_envs, prompt, engine)
             save(model, tok, opt, cfg, it, cfg.out_dir)
         dt = time.perf_counter() - t_it
         m = {
