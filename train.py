@@ -318,23 +318,23 @@ def main(argv=None):
     for it in bar:
         t_it = time.perf_counter()
         memories = [make_memory(cfg.memory, cfg.memory_k or None) for _ in range(n_envs)]
-        first = cfg.seed * 10**7 + (0 if cfg.train_seeds else it * cfg.n_groups)
-        seeds = [first + (g % cfg.train_seeds if cfg.train_seeds else g) for g in range(cfg.n_groups)]
+        base = cfg.seed * 10**7
+        seeds = [base + (g % cfg.train_seeds if cfg.train_seeds else it * cfg.n_groups + g)
+                 for g in range(cfg.n_groups)]
         samples, episodes, timing = rollout(envs, engine, tok, prompt, memories, seeds, cfg.temperature,
                                             cfg.top_p, cfg.max_response_tokens)
+        rewards, trajs, groups, anchors, valid = (
+            [getattr(s, f) for s in samples] for f in ("reward", "traj", "group", "anchor", "valid"))
         try:  # NaN/inf rewards fail here, loudly, in one line (the last checkpoint stays)
             adv = gigpo.compute_advantages(
-                [s.reward for s in samples], [s.traj for s in samples], [s.group for s in samples],
-                [s.anchor for s in samples], [s.valid for s in samples], algo=cfg.algo,
-                gamma=cfg.gamma, omega=cfg.omega, penalty=cfg.penalty, norm=cfg.norm,
-                stats=cfg.stats, similarity=cfg.similarity or None)
+                rewards, trajs, groups, anchors, valid, algo=cfg.algo, gamma=cfg.gamma, omega=cfg.omega,
+                penalty=cfg.penalty, norm=cfg.norm, stats=cfg.stats, similarity=cfg.similarity or None)
         except ValueError as e:
-            sys.exit(f"error: iteration {it}: {e}; fix the env {cfg.env!r} rewards")
-        step_groups = gigpo.step_groups([s.anchor for s in samples], [s.group for s in samples],
-                                       cfg.similarity or None)
-        scores = gigpo.episode_scores([s.reward for s in samples], [s.traj for s in samples],
-                                      [s.valid for s in samples], cfg.penalty)
-        adv_stats = gigpo.advantage_stats(scores, [s.group for s in samples], step_groups)
+            sys.exit(f"error: iteration {it}: {e}")
+        # diagnostics only: compute_advantages keeps its intermediates private (a pure one-call API)
+        step_groups = gigpo.step_groups(anchors, groups, cfg.similarity or None)
+        scores = gigpo.episode_scores(rewards, trajs, valid, cfg.penalty)
+        adv_stats = gigpo.advantage_stats(scores, groups, step_groups)
 
         t0 = time.perf_counter()
         ids, attn, resp, rollout_logp = collate(samples, tok.pad_token_id)
