@@ -10,6 +10,7 @@ import importlib
 
 ENVS = {  # name -> (module, class, default kwargs)
     "treasure": ("envs.treasure", "TreasureHunt", {}),
+    "alfworld": ("envs.alfworld", "ALFWorld", {}),
 }
 
 

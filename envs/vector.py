@@ -4,8 +4,13 @@ Envs step in-process (workers=0, fine for a toy game) or in `workers` processes,
 contiguous slice of envs; a command goes to every worker before any answer is read, so slow resets
 and steps overlap. Reset checks that each group really starts from one state and fails loudly if
 not: a group with mixed starts silently breaks every group baseline (REFERENCE.md, section 2).
+
+A worker that dies (a crashing game engine, the OOM killer) costs its episodes, not the run: it is
+restarted with fresh envs, its envs' running episodes end as truncated (on their last observation,
+info["worker_died"] = True), and a line goes to stderr; a reset is retried once on the new worker.
 """
 import multiprocessing as mp
+import sys
 
 
 def _worker(conn, name, kwargs, n):
@@ -27,20 +32,41 @@ class GroupedEnvs:
         self.n_groups, self.group_size = n_groups, group_size
         self.n = n_groups * group_size
         self.workers = min(workers, self.n)
+        self.last = [("", {})] * self.n   # last (obs, info) of each env: where a dead worker's episodes end
+        self.restarts = 0
         if self.workers == 0:
             self.envs = [make_env(name, **env_kwargs) for _ in range(self.n)]
             return
         make_env(name, **env_kwargs)  # fail here, in the parent, on a bad name or kwargs
-        ctx = mp.get_context("spawn")
+        self.name, self.env_kwargs, self.ctx = name, env_kwargs, mp.get_context("spawn")
         bounds = [self.n * w // self.workers for w in range(self.workers + 1)]
         self.slices = list(zip(bounds[:-1], bounds[1:]))
-        self.conns, self.procs = [], []
-        for lo, hi in self.slices:
-            parent, child = ctx.Pipe()
-            p = ctx.Process(target=_worker, args=(child, name, env_kwargs, hi - lo), daemon=True)
-            p.start()
-            self.conns.append(parent)
-            self.procs.append(p)
+        self.conns, self.procs = [None] * self.workers, [None] * self.workers
+        for w in range(self.workers):
+            self._start(w)
+
+    def _start(self, w):
+        lo, hi = self.slices[w]
+        parent, child = self.ctx.Pipe()
+        p = self.ctx.Process(target=_worker, args=(child, self.name, self.env_kwargs, hi - lo), daemon=True)
+        p.start()
+        child.close()  # the worker holds the only other end: its death is then an EOF here, not a hang
+        self.conns[w], self.procs[w] = parent, p
+
+    def _restart(self, w, cmd, n_jobs):
+        old = self.procs[w]
+        old.join(timeout=1)
+        if old.is_alive():  # the pipe broke but the process lingers
+            old.kill()
+            old.join()
+        lo, hi = self.slices[w]
+        print(f"env worker {w} (envs {lo}..{hi - 1}) died (exit code {old.exitcode}) during {cmd} of "
+              f"{n_jobs} env(s); restarted, " + ("retrying the reset" if cmd == "reset" else
+                                              "their episodes end as truncated"),
+              file=sys.stderr, flush=True)
+        self.conns[w].close()
+        self._start(w)
+        self.restarts += 1
 
     def group_of(self, i):
         return i // self.group_size
@@ -54,15 +80,40 @@ class GroupedEnvs:
         for k, (i, a) in enumerate(items):
             w = next(w for w, (lo, hi) in enumerate(self.slices) if lo <= i < hi)
             per_worker[w].append((k, i - self.slices[w][0], a))
-        for w, jobs in enumerate(per_worker):
-            if jobs:
-                self.conns[w].send((cmd, [(i, a) for _, i, a in jobs]))
+        sent = {w: self._send(w, cmd, jobs) for w, jobs in enumerate(per_worker) if jobs}
         out = [None] * len(items)
         for w, jobs in enumerate(per_worker):
-            if jobs:
-                for (k, _, _), res in zip(jobs, self.conns[w].recv()):
-                    out[k] = res
+            if not jobs:
+                continue
+            results = self._recv(w) if sent[w] else None
+            if results is None:
+                self._restart(w, cmd, len(jobs))
+                if cmd == "reset":  # nothing has happened yet: try once more on the fresh worker
+                    results = self._recv(w) if self._send(w, cmd, jobs) else None
+                    if results is None:
+                        raise RuntimeError(f"env worker {w} died twice while resetting; see stderr")
+                else:
+                    results = [self._truncated(items[k][0]) for k, _, _ in jobs]
+            for (k, _, _), res in zip(jobs, results):
+                out[k] = res
         return out
+
+    def _send(self, w, cmd, jobs):
+        try:
+            self.conns[w].send((cmd, [(i, a) for _, i, a in jobs]))
+            return True
+        except (BrokenPipeError, ConnectionResetError, OSError):
+            return False
+
+    def _recv(self, w):
+        try:
+            return self.conns[w].recv()
+        except (EOFError, ConnectionResetError, OSError):
+            return None
+
+    def _truncated(self, i):
+        obs, info = self.last[i]
+        return obs, 0.0, False, True, {**info, "won": False, "worker_died": True}
 
     def reset(self, group_seeds):
         """group_seeds: one seed per group -> (list of obs, list of info), one per env."""
@@ -70,6 +121,7 @@ class GroupedEnvs:
             raise ValueError(f"reset needs {self.n_groups} group seeds, got {len(group_seeds)}")
         res = self._call("reset", [(i, group_seeds[self.group_of(i)]) for i in range(self.n)])
         obs, infos = [r[0] for r in res], [r[1] for r in res]
+        self.last = list(zip(obs, infos))
         for i in range(self.n):
             first = self.group_of(i) * self.group_size
             if (obs[i], infos[i].get("task")) != (obs[first], infos[first].get("task")):
@@ -80,7 +132,10 @@ class GroupedEnvs:
     def step(self, actions):
         """actions: {env index: action str} for the active envs -> {index: (obs, r, term, trunc, info)}."""
         items = sorted(actions.items())
-        return dict(zip([i for i, _ in items], self._call("step", items)))
+        results = dict(zip([i for i, _ in items], self._call("step", items)))
+        for i, (obs, _, _, _, info) in results.items():
+            self.last[i] = (obs, info)
+        return results
 
     def close(self):
         for conn, p in zip(getattr(self, "conns", []), getattr(self, "procs", [])):

@@ -1,0 +1,141 @@
+"""ALFWorld: household tasks as text games (TextWorld engine, `alfworld==0.4.2`, textworld 1.7).
+
+    obs:    "You arrive at countertop 1. On the countertop 1, you see a apple 2, ..."; the first one
+            ends with "Your task is to: put a clean apple in fridge." (the welcome banner is cut)
+    action: any text; the game lists the admissible ones ("go to fridge 1", "take apple 2 from
+            countertop 1", "move apple 2 to fridge 1", ...); anything else answers "Nothing happens."
+    reward: 10 when the task is done (episode ends), else 0; truncated after max_steps (50)
+
+The games of a split, in sorted path order, are the env's task list: reset(seed) plays game
+`seed % len(games)`, so a training run's fresh seeds walk through the train split and evaluation
+plays seeds 0..n-1, the whole split in the same order every run (`eval_sets`; the reference draws
+a random 128 each time). There is no randomness inside a game: the same seed, the same start.
+
+Data: `$ALFWORLD_DATA/json_2.1.1/{train,valid_seen,valid_unseen}/<task>/<trial>/game.tw-pddl`, the
+layout `alfworld-download` makes (3553 / 140 / 134 games; movable and sliced tasks left out, as
+alfworld does). Offline, `unpack()` extracts it from an archive of that layout.
+
+Measured on 2 cores: load + reset ~0.8-1.2 s per game, step ~40-60 ms, ~10 MB per loaded game.
+"""
+import glob
+import json
+import os
+import tarfile
+
+import textworld
+from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredInfos
+from textworld.envs.wrappers import Filter
+
+TASK_TYPES = {  # game folder prefix -> the short name used in the paper's tables
+    "pick_and_place_simple": "pick", "look_at_obj_in_light": "look",
+    "pick_clean_then_place_in_recep": "clean", "pick_heat_then_place_in_recep": "heat",
+    "pick_cool_then_place_in_recep": "cool", "pick_two_obj_and_place": "pick2"}
+
+# Config field -> value when `--env alfworld` is given: the paper's / reference's setup
+# (REFERENCE.md, section 4); any flag still overrides.
+TRAIN_DEFAULTS = {
+    "model": "Qwen/Qwen2.5-1.5B-Instruct", "memory": "window", "memory_k": 2,
+    "n_groups": 16, "group_size": 8, "env_workers": 8, "max_response_tokens": 512,
+    "temperature": 1.0, "eval_temperature": 0.4, "iterations": 150, "lr": 1e-6, "lr_min": 1.0,
+    "weight_decay": 0.01, "kl_coef": 0.01, "entropy_coef": 0.001, "mini_batch": 256,
+    "micro_batch": 32, "norm": "mean_std_norm", "eval_every": 10, "eval_episodes": 140}
+
+
+
+def eval_sets(n=None, data_dir=None):
+    """Evaluation sets: name -> (env kwargs, seeds): valid_seen (in-distribution, 140 games) and
+    valid_unseen (out-of-distribution, 134), each the whole split in order; n caps the count."""
+    sizes = {split: len(game_files(split, data_dir)) for split in ("valid_seen", "valid_unseen")}
+    return {split: ({"split": split}, list(range(min(size, n or size)))) for split, size in sizes.items()}
+
+
+def data_root(data_dir=None):
+    return os.path.expanduser(data_dir or os.environ.get("ALFWORLD_DATA") or "~/.cache/alfworld")
+
+
+def game_files(split, data_dir=None):
+    root = data_root(data_dir)
+    games = sorted(g for g in glob.glob(os.path.join(root, "json_2.1.1", split, "*", "*", "game.tw-pddl"))
+                   if "movable" not in g and "Sliced" not in g)
+    if not games:
+        raise FileNotFoundError(
+            f"no ALFWorld games under {root}/json_2.1.1/{split}: run `alfworld-download` (needs internet) "
+            f"or unpack json_2.1.1.tgz there (envs.alfworld.unpack), or set $ALFWORLD_DATA")
+    return games
+
+
+def task_type(gamefile):
+    folder = os.path.basename(os.path.dirname(os.path.dirname(gamefile)))
+    return TASK_TYPES.get(folder.split("-")[0], folder.split("-")[0])
+
+
+def unpack(archive, dest, splits=("train", "valid_seen", "valid_unseen"), per_type=None):
+    """Extract the game files of `splits` from json_2.1.1.tgz into dest (= a $ALFWORLD_DATA).
+    per_type: keep only the first k games (sorted) of each task type of each split (tests)."""
+    with tarfile.open(archive) as tar:
+        members = [m for m in tar.getmembers() if m.name.endswith("game.tw-pddl")
+                   and m.name.split("/")[1] in splits]
+        if per_type:
+            kept, count = [], {}
+            for m in sorted(members, key=lambda m: m.name):
+                key = (m.name.split("/")[1], task_type(m.name))
+                count[key] = count.get(key, 0) + 1
+                if count[key] <= per_type:
+                    kept.append(m)
+            members = kept
+        tar.extractall(dest, members=members, filter="data")
+    return dest
+
+
+class ALFWorld:
+    INFOS = textworld.EnvInfos(won=True, admissible_commands=True, extras=["gamefile"])
+
+    def __init__(self, split="train", data_dir=None, max_steps=50):
+        self.games = game_files(split, data_dir)   # listed now: a missing data dir fails at once
+        self.max_steps = max_steps
+        self.env, self.gamefile = None, None
+
+    def reset(self, seed):
+        gamefile = self.games[seed % len(self.games)]
+        if gamefile != self.gamefile:  # a game is loaded once per env and reset in place after
+            if self.env is not None:
+                self.env.close()
+            # Filter (state -> the requested infos) must wrap last, or reset crashes
+            self.env = textworld.start(gamefile, self.INFOS, wrappers=[AlfredDemangler(), AlfredInfos, Filter])
+            self.gamefile = gamefile
+        obs, infos = self.env.reset()
+        obs = obs.split("=-\n\n", 1)[-1]   # cut the "-= Welcome to TextWorld, ALFRED! =-" banner
+        self.task = obs.partition("Your task is to: ")[2].strip()
+        self.steps = 0
+        return obs, self._info(obs, infos)
+
+    def step(self, action):
+        obs, _, _, infos = self.env.step(action)
+        self.steps += 1
+        won = bool(infos["won"])
+        truncated = not won and self.steps >= self.max_steps
+        return obs, 10.0 * won, won, truncated, self._info(obs, infos)
+
+    def _info(self, obs, infos):
+        return {"task": self.task, "admissible_actions": list(infos["admissible_commands"]),
+                "won": bool(infos["won"]), "anchor": obs, "task_type": task_type(self.gamefile),
+                "gamefile": self.gamefile}
+
+    def walkthrough(self):
+        """The stored expert plan of the current game (a list of actions that wins it)."""
+        with open(self.gamefile) as f:
+            return json.load(f)["walkthrough"]
+
+
+if __name__ == "__main__":
+    # replay the walkthrough of every game of a split: checks the data and the engine end to end
+    import sys
+    import time
+    split = sys.argv[1] if len(sys.argv) > 1 else "valid_unseen"
+    env, won, t0 = ALFWorld(split), 0, time.perf_counter()
+    for seed in range(len(env.games)):
+        env.reset(seed)
+        for action in env.walkthrough():
+            _, reward, done, _, _ = env.step(action)
+        won += reward == 10.0
+    print(f"{split}: walkthroughs won {won} of {len(env.games)} games in {time.perf_counter() - t0:.0f}s")

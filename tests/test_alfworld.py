@@ -1,0 +1,174 @@
+"""ALFWorld on the real games. The games come from $ALFWORLD_DATA, or else are unpacked (2 per task
+type and split, 36 games, a few seconds) from the archive at $ALFWORLD_ARCHIVE or
+../shared/data/alfworld/json_2.1.1.tgz into a cache dir in the temp dir; without either, the tests
+that need games skip. The worker-restart test runs on the treasure game too, so CI always has it."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+USER_DATA = os.environ.get("ALFWORLD_DATA")   # read first: importing alfworld sets it to its default
+
+from envs import GroupedEnvs  # noqa: E402
+from prompts import prompt_module  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def data_dir():
+    pytest.importorskip("alfworld", reason="alfworld is not installed (pip install -r requirements.txt)")
+    from envs.alfworld import unpack
+    if USER_DATA:
+        return USER_DATA
+    archive = next((p for p in (os.environ.get("ALFWORLD_ARCHIVE"),
+                                os.path.join(ROOT, "..", "shared", "data", "alfworld", "json_2.1.1.tgz"))
+                    if p and os.path.isfile(p)), None)
+    if archive is None:
+        pytest.skip("no ALFWorld games: set $ALFWORLD_DATA (an alfworld-download dir) or $ALFWORLD_ARCHIVE "
+                    "(json_2.1.1.tgz), or put the archive at ../shared/data/alfworld/json_2.1.1.tgz")
+    stat = os.stat(archive)
+    cache = os.path.join(tempfile.gettempdir(), f"gigpo-alfworld-tests-{stat.st_size}-{int(stat.st_mtime)}")
+    if not os.path.isdir(cache):
+        tmp = f"{cache}.{os.getpid()}"
+        unpack(archive, tmp, per_type=2)
+        os.replace(tmp, cache)   # atomic: a half-unpacked dir is never used
+    return cache
+
+
+@pytest.mark.parametrize("kind", ["pick", "look", "clean", "heat", "cool", "pick2"])
+def test_every_task_type_resets_and_steps(data_dir, kind):
+    from envs.alfworld import ALFWorld, task_type
+    env = ALFWorld("valid_unseen", data_dir=data_dir)
+    seed = next(s for s, g in enumerate(env.games) if task_type(g) == kind)
+    obs, info = env.reset(seed)
+    assert "Your task is to: " in obs and not obs.startswith("-=")
+    assert info["task"] and info["task"] in obs and info["task_type"] == kind
+    assert info["anchor"] == obs and info["won"] is False and info["gamefile"] == env.games[seed]
+    assert any(a.startswith("go to ") for a in info["admissible_actions"])
+    obs2, reward, term, trunc, info2 = env.step(info["admissible_actions"][0])
+    assert obs2 and reward == 0.0 and not term and not trunc and info2["task"] == info["task"]
+
+
+def test_walkthrough_wins_with_reward_10_and_reset_is_repeatable(data_dir):
+    from envs.alfworld import ALFWorld
+    env = ALFWorld("valid_seen", data_dir=data_dir)
+    first = env.reset(3)
+    for action in env.walkthrough():
+        obs, reward, term, trunc, info = env.step(action)
+    assert (reward, term, trunc, info["won"]) == (10.0, True, False, True)
+    assert env.reset(3 + len(env.games)) == first      # same game (seed mod games), same start
+
+
+def test_unparseable_response_is_invalid_and_env_survives(data_dir):
+    from envs.alfworld import ALFWorld
+    p = prompt_module("alfworld")
+    env = ALFWorld("valid_seen", data_dir=data_dir, max_steps=3)
+    obs, info = env.reset(0)
+    adm = info["admissible_actions"]
+    msgs = p.build(info["task"], "", obs, adm, 0)
+    text = msgs[-1]["content"]
+    assert info["task"] in text and obs in text and "<think>" in text and "<action>" in text
+    assert "'help'" not in text and f"'{adm[0]}'" in text
+    good = f"<think>look around first</think> <action>{adm[0].upper()}</action>"
+    assert p.parse(good, adm) == (adm[0], True)
+    assert p.parse(f"<action>{adm[0]}</action>", adm) == (adm[0], False)   # no <think>: invalid
+    for junk in ["", None, "<action>go to", "</action> x <action>", "<think>hmm</think>", "\x00" * 99]:
+        action, valid = p.parse(junk, adm)
+        assert valid is False and isinstance(action, str) and len(action) <= 30
+        obs, reward, term, trunc, info = env.step(action)
+        assert reward == 0.0 and not term
+    assert trunc and info["admissible_actions"]               # still alive, truncated at max_steps
+
+
+def test_groups_start_identical_in_workers(data_dir):
+    envs = GroupedEnvs("alfworld", n_groups=2, group_size=3, workers=2, split="valid_unseen", data_dir=data_dir)
+    try:
+        obs, infos = envs.reset([0, 5])
+        assert len(set(obs[:3])) == 1 and len(set(obs[3:])) == 1 and obs[0] != obs[3]
+        assert {i["gamefile"] for i in infos[:3]} == {infos[0]["gamefile"]}
+        res = envs.step({0: infos[0]["admissible_actions"][0], 4: "dance"})
+        assert res[4][0] == "Nothing happens." and res[0][0] != res[4][0]
+    finally:
+        envs.close()
+
+
+def kill_and_step(envs, capfd, action):
+    """Kill worker 0 (envs 0 and 1) mid-episode, step all 4 envs: its 2 episodes end as truncated on
+    their last observation and info, the others step on; the new worker then plays on."""
+    obs, infos = envs.reset([0, 1])
+    os.kill(envs.procs[0].pid, signal.SIGKILL)
+    envs.procs[0].join()
+    res = envs.step({i: action for i in range(4)})
+    assert all(res[i][3] and res[i][4]["worker_died"] and res[i][0] == obs[i] for i in (0, 1))
+    assert res[0][4]["task"] == infos[0]["task"]
+    assert not any(res[i][3] or res[i][4].get("worker_died") for i in (2, 3))
+    assert envs.restarts == 1 and "env worker 0 (envs 0..1) died" in capfd.readouterr().err
+    obs2, _ = envs.reset([0, 1])
+    assert obs2 == obs and not envs.step({0: action})[0][3]
+
+
+def test_killed_worker_is_replaced_treasure(capfd):
+    envs = GroupedEnvs("treasure", n_groups=2, group_size=2, workers=2)
+    try:
+        kill_and_step(envs, capfd, "up")
+        os.kill(envs.procs[1].pid, signal.SIGKILL)      # dead while idle: the next reset retries
+        envs.procs[1].join()
+        assert len(envs.reset([3, 4])[0]) == 4 and envs.restarts == 2
+    finally:
+        envs.close()
+
+
+def test_killed_worker_is_replaced_and_its_episodes_truncated(data_dir, capfd):
+    envs = GroupedEnvs("alfworld", n_groups=2, group_size=2, workers=2, split="valid_seen", data_dir=data_dir)
+    try:
+        kill_and_step(envs, capfd, "look")
+    finally:
+        envs.close()
+
+
+def test_eval_sets_cover_the_splits_in_order(data_dir):
+    from envs.alfworld import ALFWorld, eval_sets
+    sets = eval_sets(data_dir=data_dir)
+    assert set(sets) == {"valid_seen", "valid_unseen"}
+    for split, (kwargs, seeds) in sets.items():
+        assert kwargs == {"split": split} and seeds == list(range(len(ALFWorld(split, data_dir).games)))
+    assert all(len(s) == 2 for _, s in eval_sets(2, data_dir).values())
+    if not USER_DATA:   # the unpacked subset: 2 games per task type
+        assert len(ALFWorld("train", data_dir).games) == 12
+
+
+def test_train_one_iteration_then_eval_only(data_dir, tmp_path):
+    """The tiny model through the whole loop on real games: `--env alfworld` applies the env's
+    defaults (window memory, 512 tokens, ...), which the flags here cut down to CPU test size.
+    The tiny tokenizer is trained from random episodes (tiny.corpus); 200 of them on ALFWorld take
+    ~10 minutes, so this test trains it on 3 episodes (unseen words become <unk>)."""
+    out = tmp_path / "run"
+    env = {**os.environ, "ALFWORLD_DATA": data_dir, "PYTHONPATH": ROOT}
+    code = ("import functools, sys, tiny, train; tiny.corpus = functools.partial(tiny.corpus, episodes=3); "
+            "train.main(sys.argv[1:])")
+    args = ["--env", "alfworld", "--model", "tiny", "--n_groups", "2", "--group_size", "2", "--iterations",
+            "1", "--eval_every", "1", "--eval_episodes", "1", "--max_response_tokens", "4", "--mini_batch",
+            "16", "--micro_batch", "8", "--env_workers", "2", "--out_dir", str(out)]
+    t0 = time.time()
+    r = subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    config = json.loads(r.stdout.split("config: ", 1)[1].splitlines()[0])
+    assert (config["memory"], config["memory_k"], config["lr"], config["n_groups"]) == ("window", 2, 1e-6, 2)
+    assert "eval valid_seen: success" in r.stdout and "eval valid_unseen: success" in r.stdout
+    last = r.stdout.strip().splitlines()[-1]
+    assert last.startswith("held-out success") and "valid_seen 1 + valid_unseen 1 games, T=0.4" in last
+    row = json.loads(open(out / "metrics.jsonl").read().splitlines()[-1])
+    assert row["samples"] == 4 * 50 and row["valid_ratio"] == 0.0 and row["episode_length"] == 50
+    print(f"train + eval: {time.time() - t0:.0f}s")
+    r = subprocess.run([sys.executable, "train.py", "--env", "alfworld", "--eval_only", "1", "--model",
+                        str(out / "model"), "--eval_sets", "valid_unseen", "--eval_episodes", "1",
+                        "--max_response_tokens", "4", "--env_workers", "0", "--n_groups", "1", "--group_size", "2"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip().splitlines()[-1].startswith("eval-only success 0.000 (valid_unseen 1 games, T=0.4")
