@@ -41,6 +41,7 @@ def smollm2(folder="/tmp/smollm2"):
     tok = AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
     model = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
                                                  dtype=torch.float32)
+    del model.config.quantization_config   # dense now; vLLM would refuse a "gguf" config
     return model.eval(), tok
 
 
@@ -84,14 +85,15 @@ def main():
     torch.set_num_threads(args.threads)
     from tiny import build_tiny
     model, tok = build_tiny("treasure", seed=0)
-    rows = bench("tiny (0.1M), 32x8 envs, 3 tokens", model.eval(), tok, 32, 8, 3, args.rounds, 64)
-    if args.smollm2:
-        model, tok = smollm2()
-        rows += bench("SmolLM2-135M, 4x8 envs, 16 tokens", model, tok, 4, 8, 16, args.smollm2_rounds, 1024)
-    print(f"\n{torch.get_num_threads()} torch threads, {os.cpu_count()} CPUs; mean of one rollout per round\n")
+    print(f"{torch.get_num_threads()} torch threads, {os.cpu_count()} CPUs; mean of one rollout per round\n")
     print("| model, batch | engine | step samples / rollout | s / rollout | step samples/s | generated tokens/s |")
     print("|---|---|---|---|---|---|")
-    print("\n".join(rows))
+    print("\n".join(bench("tiny (0.1M), 32x8 envs, 3 tokens", model.eval(), tok, 32, 8, 3, args.rounds, 64)),
+          flush=True)
+    if args.smollm2:
+        model, tok = smollm2()
+        print("\n".join(bench("SmolLM2-135M, 4x8 envs, 16 tokens", model, tok, 4, 8, 16,
+                              args.smollm2_rounds, 1024)))
 
 
 if __name__ == "__main__":
