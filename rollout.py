@@ -41,8 +41,13 @@ class Sample:
 class HFEngine:
     """transformers `generate` on the training model itself (shares its weights: no sync needed)."""
 
-    def __init__(self, model, tokenizer):
-        self.model, self.tok = model, tokenizer
+    def __init__(self, model, tokenizer, own_copy=None):
+        """own_copy=dtype: generate from a private copy of the model (the trainer's is sharded);
+        sync_weights then copies the trainer's weights in. Else share the training module."""
+        self.model, self.tok, self.owns = model, tokenizer, own_copy is not None
+        if self.owns:
+            import copy
+            self.model = copy.deepcopy(model).to(own_copy).eval().requires_grad_(False)
 
     @torch.no_grad()
     def generate(self, prompts, temperature=1.0, top_p=1.0, max_tokens=16):
@@ -131,6 +136,10 @@ def sync_weights(engine, named_tensors):
     once: a state_dict's items now, FSDP2's gathered parameters later. The only place that touches
     vLLM internals; the transformers engine shares the training module and needs nothing."""
     if isinstance(engine, HFEngine):
+        if engine.owns:
+            params = dict(engine.model.named_parameters())
+            for name, tensor in named_tensors:
+                params[name].data.copy_(tensor)
         return
     embed, head = engine.tied
 
@@ -218,6 +227,7 @@ def rollout(envs, engine, tokenizer, prompt, memories, group_seeds, temperature,
             ep["length"] += 1
             ep["invalid"] += not valid
             ep["won"] = bool(info.get("won", False))
+            ep["task_type"] = info.get("task_type")  # for per-type eval results (ALFWorld)
             obs[i], infos[i] = new_obs, info
             if not (term or trunc):
                 still.append(i)

@@ -8,12 +8,12 @@ which digit is which coordinate (a measured plateau); tied embeddings keep it at
 """
 import random
 
-from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 SPECIALS = ["<pad>", "<eos>", "<unk>"]
 CHAT_TEMPLATE = ("{% for m in messages %}{{ m['content'] }} {% endfor %}"
-                 "{% if add_generation_prompt %}act :{% endif %}")
+                 "{% if add_generation_prompt %}act{% endif %}")
 
 
 def corpus(env_name, episodes=200, seed=0):
@@ -22,7 +22,7 @@ def corpus(env_name, episodes=200, seed=0):
     from memory import MEMORIES, make_memory
     from prompts import prompt_module
     env, prompt, rng = make_env(env_name), prompt_module(env_name), random.Random(seed)
-    yield "act :"
+    yield "act"
     for ep in range(episodes):
         obs, info = env.reset(seed=10**8 + ep)
         mems = [make_memory(name) for name in MEMORIES]
@@ -43,6 +43,7 @@ def corpus(env_name, episodes=200, seed=0):
 
 def build_tokenizer(env_name):
     tok = Tokenizer(models.WordLevel(unk_token="<unk>"))
+    tok.normalizer = normalizers.Replace(Regex(r"[(),]"), "")  # "at (1, 3)" -> "at 1 3": 7 prompt tokens, not 16
     tok.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Punctuation("isolated"),
         pre_tokenizers.Digits(individual_digits=True)])

@@ -14,19 +14,21 @@ import json
 import math
 import os
 import random
+import shutil
 import sys
 import time
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from tqdm import tqdm
 
 import gigpo
 from envs import ENVS, GroupedEnvs
 from memory import MEMORIES, make_memory
 from prompts import prompt_module
-from rollout import HFEngine, rollout
+from rollout import HFEngine, make_engine, rollout, sync_weights
 
 
 @dataclass
@@ -45,7 +47,10 @@ class Config:
     tiny_heads: int = 2            # tiny model: attention heads
     temperature: float = 1.0       # rollout sampling temperature (paper: 1.0)
     top_p: float = 1.0             # rollout nucleus sampling
-    max_response_tokens: int = 3   # tokens per step response (paper: 512)
+    max_response_tokens: int = 1   # tokens per step response: the tiny model says one word (paper: 512)
+    engine: str = "auto"           # auto (vllm where it imports and serves the model, else hf) | hf | vllm
+    kv_cache_mb: int = 1024        # vLLM on CPU: KV cache size, MiB
+    gpu_memory_utilization: float = 0.3  # vLLM on GPU: share of GPU memory it takes (weights + KV cache)
     # algorithm (gigpo.py)
     algo: str = "gigpo"            # gigpo | grpo | rloo
     gamma: float = 0.95            # discount of step returns (paper: 0.95)
@@ -55,7 +60,7 @@ class Config:
     stats: str = "step"            # episode-group statistics over step samples (reference) | traj (paper text)
     similarity: float = 0.0        # 0 = exact anchor match; else difflib ratio threshold for step groups
     # optimisation
-    iterations: int = 200          # training iterations (paper: 150)
+    iterations: int = 250          # training iterations (paper: 150)
     lr: float = 3e-3               # peak learning rate (paper: 1e-6 for 1.5B)
     lr_min: float = 0.1            # cosine decay to lr * lr_min at the end; 1.0 = constant (paper)
     weight_decay: float = 0.0      # AdamW weight decay (paper: 0.01)
@@ -66,7 +71,8 @@ class Config:
     entropy_coef: float = 0.0      # entropy bonus (paper: 0.001)
     ppo_epochs: int = 1            # passes over each batch (paper: 1)
     mini_batch: int = 512          # step samples per optimizer step (paper: 256)
-    micro_batch: int = 512         # step samples per forward/backward (paper: 32 per GPU)
+    micro_batch_tokens: int = 8192 # tokens per forward/backward (padded rows, or packed with flash-attn)
+    grad_ckpt: bool = False        # activation checkpointing (saves memory on big models, costs ~1/3 more compute)
     # evaluation, logging, io
     eval_every: int = 5            # greedy eval on held-out seeds every k iterations (and at the end)
     eval_episodes: int = 256       # held-out seeds 10**9 + [0, n): the same set every run
@@ -77,11 +83,26 @@ class Config:
     device: str = "auto"           # auto | cpu | cuda
     out_dir: str = "out"           # metrics.jsonl, ckpt.pt, model/ (HF format)
     wandb: bool = False            # log to Weights & Biases (rank 0)
+    resume: bool = False           # continue from out_dir/ckpt (same config; --iterations may grow)
+    peak_tflops: float = 0.0       # the device's peak bf16 TFLOP/s per GPU, for the mfu metric (H200: ~790)
+    eval_only: bool = False        # load --model, evaluate it (as above), print the result, exit
+    eval_sets: str = ""            # envs with named eval sets (alfworld): comma-separated names to run; "" = all
 
 
 def parse_args(argv):
-    """--key value / --key=value for every Config field; anything else is an error."""
+    """--key value / --key=value for every Config field; anything else is an error. The chosen env's
+    TRAIN_DEFAULTS (e.g. the paper's setup in envs/alfworld.py) apply first, so flags still override."""
     cfg, fields = Config(), {f.name: f for f in dataclasses.fields(Config)}
+    env = cfg.env
+    for k, arg in enumerate(argv):
+        if arg == "--env" and k + 1 < len(argv) or arg.startswith("--env="):
+            env = arg[6:] if arg.startswith("--env=") else argv[k + 1]
+    if env in ENVS:
+        import importlib
+        try:
+            cfg = dataclasses.replace(cfg, **getattr(importlib.import_module(ENVS[env][0]), "TRAIN_DEFAULTS", {}))
+        except ModuleNotFoundError as e:
+            sys.exit(f"error: --env {env} needs the package {e.name!r}: pip install -r requirements.txt")
     i = 0
     while i < len(argv):
         arg = argv[i]
@@ -125,12 +146,25 @@ def check_config(cfg):
         bad(f"--group_size {cfg.group_size}: {cfg.algo} compares the envs of a group, use >= 2")
     if cfg.n_groups < 1 or cfg.iterations < 1 or cfg.max_response_tokens < 1:
         bad("--n_groups, --iterations and --max_response_tokens must be >= 1")
-    if cfg.micro_batch < 1 or cfg.mini_batch < 1 or cfg.mini_batch % cfg.micro_batch:
-        bad(f"--mini_batch {cfg.mini_batch} must be a positive multiple of --micro_batch {cfg.micro_batch}")
+    if cfg.mini_batch < 1 or cfg.micro_batch_tokens < 1:
+        bad(f"--mini_batch {cfg.mini_batch} and --micro_batch_tokens {cfg.micro_batch_tokens} must be >= 1")
     if not 0 <= cfg.similarity <= 1:
         bad(f"--similarity {cfg.similarity} must be in [0, 1] (0 = exact anchor match)")
+    if cfg.engine not in ("auto", "hf", "vllm"):
+        bad(f"unknown engine {cfg.engine!r}: use --engine auto, hf or vllm")
+    if cfg.kv_cache_mb < 1 or not 0 < cfg.gpu_memory_utilization < 1:
+        bad("--kv_cache_mb must be >= 1 and --gpu_memory_utilization in (0, 1)")
     if cfg.device == "cuda" and not torch.cuda.is_available():
         bad("--device cuda but no GPU is visible; use --device cpu")
+    if cfg.eval_only and cfg.model == "tiny":
+        bad("--eval_only evaluates a saved or hub model: give --model NAME_OR_PATH")
+    try:  # also: the env's data is there (ALFWorld lists its games here)
+        names = eval_plan(dataclasses.replace(cfg, eval_sets=""))
+    except FileNotFoundError as e:
+        bad(str(e))
+    unknown = [n for n in cfg.eval_sets.split(",") if n and n not in names]
+    if unknown:
+        bad(f"--eval_sets {cfg.eval_sets}: {cfg.env} has the eval sets {','.join(names)}")
 
 
 def load_model(cfg, device):
@@ -138,189 +172,428 @@ def load_model(cfg, device):
         from tiny import build_tiny
         model, tok = build_tiny(cfg.env, cfg.tiny_hidden, cfg.tiny_layers, cfg.tiny_heads, seed=cfg.seed)
     else:
+        import importlib.util
         from transformers import AutoModelForCausalLM, AutoTokenizer
-        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+        # fp32 master weights (FSDP2 computes in bf16 on GPU); flash-attn 2 (packed, varlen) where it is
+        flash = device.type == "cuda" and importlib.util.find_spec("flash_attn") is not None
         tok = AutoTokenizer.from_pretrained(cfg.model)
-        model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=dtype)
+        model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32,
+                                                     attn_implementation="flash_attention_2" if flash else "sdpa")
         if tok.pad_token_id is None:
             tok.pad_token = tok.eos_token
     return model.to(device), tok
 
 
-def token_logprobs(model, ids, attn, temperature=1.0):
-    """Log-prob of every next token and the entropy of each prediction: (B, T-1) each."""
-    logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()   # (B, T-1, V)
-    logp_all = torch.log_softmax(logits / temperature, -1)
-    logp = logp_all.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)            # (B, T-1)
-    entropy = -(logp_all.exp() * logp_all).sum(-1)                              # (B, T-1)
-    return logp, entropy
+# ---- distributed: torchrun + FSDP2 (inline, like nanoGPT's DDP) --------------------------------
+def setup_dist(cfg):
+    """-> (rank, world, device). Under torchrun (RANK set): NCCL on GPU, gloo on CPU. A plain
+    `python train.py` on a GPU is rank 0 of a world of 1, so it takes the same FSDP2 (bf16) path;
+    on CPU it stays a plain single process."""
+    cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+    if "RANK" not in os.environ and not cuda:
+        return 0, 1, torch.device("cpu")
+    if "RANK" not in os.environ:
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=os.environ.get("MASTER_PORT", "29511"))
+    device = torch.device(f"cuda:{int(os.environ['LOCAL_RANK'])}" if cuda else "cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    import datetime  # rank 0 evaluates (ALFWorld: many minutes) while the others wait at a barrier
+    dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None,
+                            timeout=datetime.timedelta(hours=2))
+    return dist.get_rank(), dist.get_world_size(), device
 
 
-def collate(samples, pad_id):
-    """Samples -> right-padded tensors. resp: (B, T-1) mask of positions that predict a response token."""
-    width = max(len(s.prompt_ids) + len(s.response_ids) for s in samples)
-    B = len(samples)
-    ids = torch.full((B, width), pad_id, dtype=torch.long)
-    attn = torch.zeros(B, width, dtype=torch.long)
-    resp = torch.zeros(B, width - 1)
-    rollout_logp = torch.zeros(B, width - 1)
-    for b, s in enumerate(samples):
-        p, r = len(s.prompt_ids), len(s.response_ids)
-        ids[b, :p + r] = torch.tensor(s.prompt_ids + s.response_ids)
-        attn[b, :p + r] = 1
-        resp[b, p - 1:p - 1 + r] = 1
-        rollout_logp[b, p - 1:p - 1 + r] = torch.tensor(s.logprobs)
-    return ids, attn, resp, rollout_logp
+def all_reduce(x, op="sum"):
+    """A float/int (or tensor) summed or maxed over ranks; itself when not distributed."""
+    if not dist.is_initialized():
+        return x
+    t = torch.as_tensor(x, dtype=torch.float64, device="cuda" if dist.get_backend() == "nccl" else "cpu")
+    dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
+    return t.item() if not torch.is_tensor(x) else t
 
 
-def micro_batches(idx, size, ids, attn):
-    """Split sample indices into micro-batches, trimming each to its own longest sequence."""
-    for k in range(0, len(idx), size):
-        mb = idx[k:k + size]
-        width = int(attn[mb].sum(1).max())
-        yield mb, ids[mb, :width], attn[mb, :width], width
+def shard(model, device, grad_ckpt=False):
+    """FSDP2: each decoder layer is its own unit, then the root (embeddings, head). On GPU, bf16
+    parameters and compute with fp32 gradient reduction; the sharded fp32 master weights are what
+    AdamW updates, so its state is fp32 too. A no-op without a process group (plain CPU run)."""
+    if grad_ckpt:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if not dist.is_initialized():
+        return model
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
+        if device.type == "cuda" else MixedPrecisionPolicy()
+    for layer in model.model.layers:
+        fully_shard(layer, mp_policy=mp)
+    return fully_shard(model, mp_policy=mp)
+
+
+def full_parameters(model):
+    """(name, full tensor) per parameter, gathered one at a time from the shards (never a whole
+    state dict on one rank): every rank must walk this in the same order (it is collective)."""
+    for name, p in model.named_parameters():
+        yield name, (p.full_tensor() if hasattr(p, "full_tensor") else p).detach()
+
+
+# ---- micro-batches: token budget; left-padded rows (SDPA) or one packed row (flash-attn varlen) ----
+def micro_batches(samples, idx, max_tokens, packed):
+    """Indices -> lists of indices, longest first, each under max_tokens. The cost of a micro-batch
+    is what the attention sees: its summed lengths when packed, rows x longest when padded."""
+    idx = sorted(idx, key=lambda i: -(len(samples[i].prompt_ids) + len(samples[i].response_ids)))
+    out, cur, width, total = [], [], 0, 0
+    for i in idx:
+        n = len(samples[i].prompt_ids) + len(samples[i].response_ids)
+        cost = total + n if packed else max(width, n) * (len(cur) + 1)
+        if cur and cost > max_tokens:
+            out.append(cur)
+            cur, width, total = [], 0, 0
+        cur.append(i)
+        width, total = max(width, n), total + n
+    return out + [cur] if cur else out
+
+
+def make_batch(samples, idx, pad_id, packed):
+    """Model inputs for samples[idx] + where each response token's prediction sits in the logits.
+    Only the logits that predict response tokens are computed (logits_to_keep): with a 150k vocab
+    the full logits of a micro-batch would not fit. Padded: rows are left-padded so all responses
+    end in the last column and the last K+1 positions cover every one. Packed: the sequences are
+    concatenated in one row, restarting position_ids marks their boundaries (transformers then
+    masks attention per sequence for SDPA/eager, and flash-attn 2 runs varlen)."""
+    seqs = [samples[i].prompt_ids + samples[i].response_ids for i in idx]
+    resp = [len(samples[i].response_ids) for i in idx]
+    if packed:
+        ends = np.cumsum([len(s) for s in seqs])
+        keep = torch.tensor([e - r - 1 + k for e, r in zip(ends, resp) for k in range(r)])
+        ids = torch.tensor([[t for s in seqs for t in s]])
+        inputs = dict(input_ids=ids, position_ids=torch.tensor([[p for s in seqs for p in range(len(s))]]),
+                      logits_to_keep=keep)
+        rows, cols, targets = torch.zeros_like(keep), torch.arange(len(keep)), ids[0, keep + 1]
+    else:
+        W, K = max(len(s) for s in seqs), max(resp)
+        ids = torch.full((len(seqs), W), pad_id, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for b, s in enumerate(seqs):
+            ids[b, W - len(s):], mask[b, W - len(s):] = torch.tensor(s), 1
+        inputs = dict(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(1) - 1).clamp(min=0),
+                      logits_to_keep=K + 1)
+        rows = torch.tensor([b for b, r in enumerate(resp) for _ in range(r)])
+        cols = torch.tensor([K - r + k for r in resp for k in range(r)])        # logit column
+        targets = ids[rows, W - K + cols]                                       # the token it predicts
+    return {"inputs": inputs, "rows": rows, "cols": cols, "targets": targets}
+
+
+def response_logprobs(model, batch, device, temperature=1.0):
+    """Log-prob and entropy of every response token of a micro-batch: two (n_tokens,) tensors, in
+    sample order (the order of make_batch's idx), token order within a sample."""
+    inputs = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch["inputs"].items()}
+    logits = model(**inputs, use_cache=False).logits                              # (B, keep, V)
+    logits = logits[batch["rows"].to(device), batch["cols"].to(device)].float() / temperature
+    logp_all = torch.log_softmax(logits, -1)                                       # (n, V)
+    logp = logp_all.gather(-1, batch["targets"].to(device)[:, None])[:, 0]
+    return logp, -(logp_all.exp() * logp_all).sum(-1)
+
+
+def dummy_pass(model, device):
+    """A rank with fewer micro-batches than the others still joins FSDP's collectives: one token
+    forward (and backward, of a zero loss) stands in for each missing micro-batch."""
+    out = model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=device), use_cache=False)
+    return out.logits.sum() * 0.0
+
+
+def synced_micro_batches(samples, idx, cfg, pad_id, packed):
+    """micro_batches(), padded with None up to the largest count on any rank."""
+    mbs = micro_batches(samples, idx, cfg.micro_batch_tokens, packed)
+    return mbs + [None] * (int(all_reduce(len(mbs), "max")) - len(mbs))
 
 
 @torch.no_grad()
-def score(model, ids, attn, cfg, device):
-    """Log-probs of all sequences under `model`, in micro-batches: (B, T-1)."""
-    out = torch.zeros(ids.shape[0], ids.shape[1] - 1)
-    for mb, x, a, w in micro_batches(torch.arange(ids.shape[0]), cfg.micro_batch, ids, attn):
-        out[mb, :w - 1] = token_logprobs(model, x.to(device), a.to(device), cfg.temperature)[0].cpu()
+def score(model, samples, cfg, device, pad_id, packed):
+    """Per-sample log-probs of the responses under `model` -> list of (r_i,) CPU tensors."""
+    out = [None] * len(samples)
+    for mb in synced_micro_batches(samples, range(len(samples)), cfg, pad_id, packed):
+        if mb is None:
+            dummy_pass(model, device)
+            continue
+        logp = response_logprobs(model, make_batch(samples, mb, pad_id, packed), device, cfg.temperature)[0]
+        for i, lp in zip(mb, logp.cpu().split([len(samples[i].response_ids) for i in mb])):
+            out[i] = lp
     return out
 
 
-def update(model, ref, opt, sched, batch, cfg, device):
-    """PPO-style clipped update over the batch -> metrics. Token-mean: each mini-batch's loss is the
-    sum over its response tokens divided by its token count, however it splits into micro-batches."""
-    ids, attn, resp, old_logp, ref_logp, adv = batch
-    stats = {"loss": 0.0, "clip_frac": 0.0, "kl_ref": 0.0, "entropy": 0.0, "grad_norm": 0.0}
+def update(model, opt, sched, samples, old, ref, adv, cfg, device, pad_id, packed):
+    """PPO-style clipped update over this rank's samples -> metrics. Token-mean over the GLOBAL
+    mini-batch: each micro-batch loss is its token sum over the mini-batch's token count on all
+    ranks (times the world size, since FSDP averages gradients over ranks), so the update does not
+    depend on how samples fell across ranks or micro-batches. old/ref: per-sample log-prob tensors;
+    adv: one float per sample."""
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    stats = {k: torch.zeros((), device=device) for k in ("loss", "clip_frac", "kl_ref", "entropy", "grad_norm")}
     n_steps = 0
     for _ in range(cfg.ppo_epochs):
-        perm = torch.randperm(ids.shape[0])
-        for k in range(0, len(perm), cfg.mini_batch):
-            mini = perm[k:k + cfg.mini_batch]
-            n_tok = resp[mini].sum().clamp(min=1).to(device)
+        perm = torch.randperm(len(samples)).tolist()
+        steps = max(1, math.ceil(all_reduce(len(samples), "max") * world / cfg.mini_batch))
+        for chunk in np.array_split(perm, steps):
+            n_tok = all_reduce(sum(len(samples[i].response_ids) for i in chunk)) / world
             opt.zero_grad(set_to_none=True)
-            acc = {key: torch.zeros((), device=device) for key in ("loss", "clip_frac", "kl_ref", "entropy")}
-            for mb, x, a, w in micro_batches(mini, cfg.micro_batch, ids, attn):
-                m = resp[mb, :w - 1].to(device)                                           # (b, w-1)
-                logp, ent = token_logprobs(model, x.to(device), a.to(device), cfg.temperature)
-                loss, pst = gigpo.policy_loss(logp, old_logp[mb, :w - 1].to(device), adv[mb].to(device),
-                                              m, cfg.clip, cfg.dual_clip or None, token_count=n_tok)
-                ent_sum = (ent * m).sum() / n_tok
+            for mb in synced_micro_batches(samples, chunk.tolist(), cfg, pad_id, packed):
+                if mb is None:
+                    dummy_pass(model, device).backward()
+                    continue
+                logp, ent = response_logprobs(model, make_batch(samples, mb, pad_id, packed), device,
+                                              cfg.temperature)
+                cat = lambda xs: torch.cat([xs[i] for i in mb]).to(device)[None]   # noqa: E731
+                a = torch.cat([torch.full((len(samples[i].response_ids),), float(adv[i])) for i in mb])
+                m = torch.ones_like(logp)[None]
+                loss, pst = gigpo.policy_loss(logp[None], cat(old), a.to(device)[None], m, cfg.clip,
+                                              cfg.dual_clip or None, token_count=n_tok)
+                ent_sum = ent.sum() / n_tok
                 loss = loss - cfg.entropy_coef * ent_sum
                 if ref is not None:
-                    kl = (gigpo.kl_k3(logp, ref_logp[mb, :w - 1].to(device)) * m).sum() / n_tok
+                    kl = gigpo.kl_k3(logp[None], cat(ref)).sum() / n_tok
                     loss = loss + cfg.kl_coef * kl
-                    acc["kl_ref"] += kl.detach()
+                    stats["kl_ref"] += kl.detach()
                 loss.backward()
-                acc["loss"] += loss.detach()
-                acc["entropy"] += ent_sum.detach()
-                acc["clip_frac"] += pst["clip_frac"] * (m.sum() / n_tok)
+                stats["loss"] += loss.detach()
+                stats["entropy"] += ent_sum.detach()
+                stats["clip_frac"] += pst["clip_frac"] * len(logp) / n_tok
             gn = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            stats["grad_norm"] += gn.full_tensor() if hasattr(gn, "full_tensor") else gn
             opt.step()
-            for key in acc:
-                stats[key] += acc[key]
-            stats["grad_norm"] += gn.detach()
             n_steps += 1
     sched.step()
-    return {k: float(v) / max(n_steps, 1) for k, v in stats.items()} | {"optimizer_steps": n_steps}
+    gn = stats.pop("grad_norm")  # already global; the rest are this rank's shares of global means
+    vals = all_reduce(torch.stack(list(stats.values()))) / world
+    return {k: float(v) / n_steps for k, v in zip(stats, vals)} | {
+        "grad_norm": float(gn) / n_steps, "optimizer_steps": n_steps}
+
+
+def eval_plan(cfg):
+    """The eval sets {name: (env kwargs, seeds)}. An env module with eval_sets(n) names its own
+    (ALFWorld: valid_seen and valid_unseen, whole splits in order; eval_episodes caps each;
+    --eval_sets picks some); any other env: the held-out seeds 10**9 + [0, eval_episodes)."""
+    import importlib
+    sets_fn = getattr(importlib.import_module(ENVS[cfg.env][0]), "eval_sets", None)
+    if sets_fn is None:
+        return {"held-out": ({}, [10**9 + k for k in range(cfg.eval_episodes)])}
+    sets = sets_fn(cfg.eval_episodes)
+    return {name: sets[name] for name in (cfg.eval_sets.split(",") if cfg.eval_sets else sets)}
+
+
+def eval_what(cfg):
+    """What the eval played, for the last line: '256 seeds, greedy' or 'valid_seen 140 + ... games, T=0.4'."""
+    plan = eval_plan(cfg)
+    what = (f"{cfg.eval_episodes} seeds" if "held-out" in plan else
+            " + ".join(f"{name} {len(seeds)}" for name, (_, seeds) in plan.items()) + " games")
+    return f"{what}, {'greedy' if cfg.eval_temperature == 0 else f'T={cfg.eval_temperature}'}"
+
+
+def eval_envs_for(cfg, envs, kwargs, seeds):
+    """A named set gets its own envs (one group of 1 per game, closed after use); the held-out seeds
+    are played on `envs`, made once in main()."""
+    return GroupedEnvs(cfg.env, len(seeds), 1, workers=cfg.env_workers, **kwargs) if kwargs else envs
 
 
 def evaluate(tok, cfg, envs, prompt, engine):
-    """Greedy (or eval_temperature) episodes on the held-out seeds -> success rate."""
-    memories = [make_memory(cfg.memory, cfg.memory_k or None) for _ in range(envs.n)]
-    seeds = [10**9 + k for k in range(envs.n_groups)]
-    _, episodes, _ = rollout(envs, engine, tok, prompt, memories, seeds, cfg.eval_temperature,
-                             1.0, cfg.max_response_tokens)
-    return float(np.mean([e["won"] for e in episodes]))
+    """Episodes at eval_temperature (0 = greedy) on the eval sets -> success over all of them. For
+    named sets, prints the success of each and per task type (info["task_type"]) where there is one."""
+    won = []
+    for name, (kwargs, seeds) in eval_plan(cfg).items():
+        set_envs = eval_envs_for(cfg, envs, kwargs, seeds)
+        memories = [make_memory(cfg.memory, cfg.memory_k or None) for _ in range(set_envs.n)]
+        _, episodes, _ = rollout(set_envs, engine, tok, prompt, memories, seeds, cfg.eval_temperature,
+                                 1.0, cfg.max_response_tokens)
+        won += [e["won"] for e in episodes]
+        if set_envs is not envs:
+            set_envs.close()
+            types = sorted({e["task_type"] for e in episodes if e.get("task_type")})
+            per_type = " ".join(f"{t} {np.mean([e['won'] for e in episodes if e['task_type'] == t]):.3f}"
+                                f" ({sum(e['task_type'] == t for e in episodes)})" for t in types)
+            tqdm.write(f"eval {name}: success {np.mean([e['won'] for e in episodes]):.3f} over "
+                       f"{len(episodes)} games | {per_type}")
+    return float(np.mean(won))
 
 
 def random_policy_success(cfg, envs):
-    """The same held-out seeds played by a uniformly random admissible action."""
+    """The same eval episodes played by a uniformly random admissible action."""
     rng, wins = random.Random(0), []
-    obs, infos = envs.reset([10**9 + k for k in range(envs.n_groups)])
-    active = list(range(envs.n))
-    while active:
-        res = envs.step({i: rng.choice(infos[i]["admissible_actions"]) for i in active})
-        for i, (o, r, term, trunc, info) in res.items():
-            infos[i] = info
-            if term or trunc:
-                wins.append(bool(info.get("won")))
-        active = [i for i in active if not (res[i][2] or res[i][3])]
+    for kwargs, seeds in eval_plan(cfg).values():
+        set_envs = eval_envs_for(cfg, envs, kwargs, seeds)
+        obs, infos = set_envs.reset(seeds)
+        active = list(range(set_envs.n))
+        while active:
+            res = set_envs.step({i: rng.choice(infos[i]["admissible_actions"]) for i in active})
+            for i, (o, r, term, trunc, info) in res.items():
+                infos[i] = info
+                if term or trunc:
+                    wins.append(bool(info.get("won")))
+            active = [i for i in active if not (res[i][2] or res[i][3])]
+        if set_envs is not envs:
+            set_envs.close()
     return float(np.mean(wins))
 
 
-def save(model, tok, opt, cfg, it, out_dir):
-    """Resumable checkpoint + HF-format model, each written to a temp name then renamed, so a crash
-    mid-write never destroys the last good one."""
-    os.makedirs(out_dir, exist_ok=True)
-    ckpt = {"model": model.state_dict(), "optimizer": opt.state_dict(), "iteration": it,
-            "config": dataclasses.asdict(cfg), "rng": {"torch": torch.get_rng_state(),
-                                                       "python": random.getstate()}}
-    torch.save(ckpt, os.path.join(out_dir, "ckpt.pt.tmp"))
-    os.replace(os.path.join(out_dir, "ckpt.pt.tmp"), os.path.join(out_dir, "ckpt.pt"))
-    tmp, final, old = (os.path.join(out_dir, n) for n in ("model.tmp", "model", "model.old"))
-    from transformers.utils import logging as hf_logging
-    hf_logging.disable_progress_bar()
-    model.save_pretrained(tmp)
-    tok.save_pretrained(tmp)
+# ---- checkpoints: one resumable checkpoint (sharded, torch.distributed.checkpoint) + HF export ----
+RESUME_FREE = {"resume", "iterations", "eval_every", "threads", "env_workers", "wandb", "device", "out_dir"}
+
+
+def _swap_in(tmp, final):
+    """Replace `final` by `tmp` so that one complete copy always exists on disk."""
+    old = final + ".old"
     if os.path.exists(final):
         os.replace(final, old)
     os.replace(tmp, final)
     if os.path.exists(old):
-        import shutil
         shutil.rmtree(old)
+
+
+def save(model, tok, opt, sched, cfg, it, rank, gen_model=None):
+    """out_dir/ckpt (model + optimizer shards of every rank, iteration, config, scheduler, per-rank
+    RNG) and out_dir/model (HF format: transformers and vLLM load it as is). Each is written under a
+    temp name then swapped in, so a crash mid-write never destroys the last good one."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict, StateDictOptions
+    tmp, final = os.path.join(cfg.out_dir, "ckpt.tmp"), os.path.join(cfg.out_dir, "ckpt")
+    if rank == 0 and os.path.exists(tmp):
+        shutil.rmtree(tmp)
+    barrier()
+    msd, osd = get_state_dict(model, opt)
+    dcp.save({"model": msd, "optim": osd}, checkpoint_id=tmp)
+    torch.save({"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()},
+               os.path.join(tmp, f"rng{rank}.pt"))
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if rank == 0:
+        with open(os.path.join(tmp, "meta.json"), "w") as f:
+            json.dump({"iteration": it, "config": dataclasses.asdict(cfg), "sched": sched.state_dict()}, f)
+        tmp_hf = os.path.join(cfg.out_dir, "model.tmp")
+        from transformers.utils import logging as hf_logging
+        hf_logging.disable_progress_bar()
+        (gen_model or model).save_pretrained(tmp_hf, state_dict=full)
+        tok.save_pretrained(tmp_hf)
+        _swap_in(tmp, final)
+        _swap_in(tmp_hf, os.path.join(cfg.out_dir, "model"))
+    barrier()
+
+
+def check_resume(cfg):
+    """--resume: out_dir/ckpt must exist and come from the same config (bar RESUME_FREE fields)."""
+    path = os.path.join(cfg.out_dir, "ckpt", "meta.json")
+    if not os.path.exists(path):
+        sys.exit(f"error: --resume but {path} does not exist; drop --resume or point --out_dir at a run")
+    meta = json.load(open(path))
+    diff = [f"--{k} {meta['config'].get(k)!r} -> {v!r}" for k, v in dataclasses.asdict(cfg).items()
+            if k not in RESUME_FREE and meta["config"].get(k) != v]
+    if diff:
+        sys.exit(f"error: --resume: {cfg.out_dir} was trained with another config ({'; '.join(diff)}); "
+                 f"use the same flags or another --out_dir")
+    return meta
+
+
+def load_checkpoint(model, opt, sched, cfg, rank, meta):
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    path = os.path.join(cfg.out_dir, "ckpt")
+    msd, osd = get_state_dict(model, opt)
+    state = {"model": msd, "optim": osd}
+    dcp.load(state, checkpoint_id=path)
+    set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    sched.load_state_dict(meta["sched"])
+    rng_file = os.path.join(path, f"rng{rank}.pt")
+    if os.path.exists(rng_file):
+        rng = torch.load(rng_file, weights_only=False)
+        torch.set_rng_state(rng["torch"]), random.setstate(rng["python"]), np.random.set_state(rng["numpy"])
+    return meta["iteration"]
+
+
+def finish_dist(engine):
+    """Leave the process group; a vLLM engine tears the groups down itself at exit (destroying them
+    first makes its shutdown fail)."""
+    if dist.is_initialized() and isinstance(engine, HFEngine):
+        dist.destroy_process_group()
+
+
+def barrier():
+    if dist.is_initialized():
+        dist.barrier()
 
 
 def main(argv=None):
     cfg = parse_args(sys.argv[1:] if argv is None else argv)
     check_config(cfg)
+    meta = check_resume(cfg) if cfg.resume else None
+    rank, world, device = setup_dist(cfg)
+    if cfg.n_groups % world:
+        sys.exit(f"error: --n_groups {cfg.n_groups} must divide over {world} ranks (each owns whole groups)")
+    print0 = print if rank == 0 else (lambda *a, **k: None)
     torch.set_num_threads(cfg.threads)
-    torch.manual_seed(cfg.seed)
-    random.seed(cfg.seed)
-    device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available() else
-                          "cpu" if cfg.device == "auto" else cfg.device)
+    torch.manual_seed(cfg.seed + rank)
+    random.seed(cfg.seed + rank)
     prompt = prompt_module(cfg.env)
-    envs = GroupedEnvs(cfg.env, cfg.n_groups, cfg.group_size, workers=cfg.env_workers)
-    eval_envs = GroupedEnvs(cfg.env, cfg.eval_episodes, 1, workers=cfg.env_workers)
+    local_groups = cfg.n_groups // world                  # this rank's groups: rank * local_groups + j
+    envs = GroupedEnvs(cfg.env, local_groups, cfg.group_size, workers=cfg.env_workers)
+    eval_envs = GroupedEnvs(cfg.env, cfg.eval_episodes, 1, workers=cfg.env_workers) if rank == 0 else None
     max_steps = getattr(envs.envs[0], "max_steps", None) if envs.workers == 0 else None
 
     # the batch arithmetic, printed once
     n_envs = cfg.n_groups * cfg.group_size
-    print(f"config: {json.dumps(dataclasses.asdict(cfg))}")
-    print(f"batch: {cfg.n_groups} groups x {cfg.group_size} envs = {n_envs} episodes/iteration; "
-          f"<= {max_steps or '?'} steps each -> <= {n_envs * (max_steps or 0) or '?'} step samples; "
-          f"{cfg.mini_batch} samples/optimizer step in micro-batches of {cfg.micro_batch}; "
-          f"<= {cfg.max_response_tokens} response tokens/sample")
+    print0(f"config: {json.dumps(dataclasses.asdict(cfg))}")
+    print0(f"batch: {cfg.n_groups} groups x {cfg.group_size} envs = {n_envs} episodes/iteration on {world} "
+           f"rank(s); <= {max_steps or '?'} steps each -> <= {n_envs * (max_steps or 0) or '?'} step samples; "
+           f"{cfg.mini_batch} samples/optimizer step in micro-batches of <= {cfg.micro_batch_tokens} tokens; "
+           f"<= {cfg.max_response_tokens} response tokens/sample")
 
     model, tok = load_model(cfg, device)
-    engine = HFEngine(model, tok)
+    packed = getattr(model.config, "_attn_implementation", "") == "flash_attention_2"
+    distributed = dist.is_initialized()
+    engine = make_engine(cfg.engine, model, tok, cfg.kv_cache_mb, cfg.gpu_memory_utilization)
+    if distributed and isinstance(engine, HFEngine):
+        # the engine gets its own full copy: FSDP2 all-gathers on every forward, so generating from
+        # the sharded module would hang as soon as ranks play different numbers of steps
+        engine = HFEngine(model, tok, own_copy=torch.bfloat16 if device.type == "cuda" else torch.float32)
+    gen_model = engine.model if distributed and isinstance(engine, HFEngine) else None
+    if cfg.eval_only:
+        eval_success = evaluate(tok, cfg, eval_envs, prompt, engine) if rank == 0 else None
+        print0(f"eval-only success {eval_success:.3f} ({eval_what(cfg)}; model {cfg.model})")
+        envs.close()
+        eval_envs and eval_envs.close()
+        return eval_success
     ref = copy.deepcopy(model).eval().requires_grad_(False) if cfg.kl_coef > 0 else None
-    print(f"model: {cfg.model}, {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, "
-          f"vocab {len(tok)}, device {device}")
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    print0(f"model: {cfg.model}, {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, "
+           f"vocab {len(tok)}, device {device}{f', FSDP2 over {world} rank(s)' if distributed else ''}")
+    model = shard(model, device, cfg.grad_ckpt)
+    ref = shard(ref, device) if ref is not None else None
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
+                            fused=device.type == "cuda")
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda it: cfg.lr_min + (1 - cfg.lr_min) * 0.5 * (
         1 + math.cos(math.pi * min(it, cfg.iterations) / cfg.iterations)))
-    baseline = random_policy_success(cfg, eval_envs)
-    print(f"random policy on the {cfg.eval_episodes} held-out seeds: success {baseline:.3f}")
+    start = load_checkpoint(model, opt, sched, cfg, rank, meta) if meta else 0
+    if start:
+        sync_weights(engine, full_parameters(model) if distributed else model.state_dict().items())
+        print0(f"resumed from {cfg.out_dir}/ckpt at iteration {start}")
+    baseline = random_policy_success(cfg, eval_envs) if rank == 0 else None
+    print0(f"random policy on the eval episodes: success {baseline}")
 
     os.makedirs(cfg.out_dir, exist_ok=True)
-    log = open(os.path.join(cfg.out_dir, "metrics.jsonl"), "w")
+    log_path = os.path.join(cfg.out_dir, "metrics.jsonl")
+    if rank == 0 and start:  # keep the log of the iterations the checkpoint holds, drop the rest
+        kept = [l for l in open(log_path) if json.loads(l)["iteration"] <= start] if os.path.exists(log_path) else []
+        open(log_path, "w").writelines(kept)
+    log = open(log_path, "a" if start else "w") if rank == 0 else None
     wandb = None
-    if cfg.wandb:
+    if cfg.wandb and rank == 0:
         import wandb
         wandb.init(project="gigpo", config=dataclasses.asdict(cfg))
+    n_params = sum(p.numel() for p in model.parameters())
     t_run = time.perf_counter()
     eval_success = None
-    bar = tqdm(range(1, cfg.iterations + 1), desc="train", dynamic_ncols=True)
+    bar = tqdm(range(start + 1, cfg.iterations + 1), desc="train", dynamic_ncols=True, disable=rank != 0,
+               initial=start, total=cfg.iterations)
     for it in bar:
         t_it = time.perf_counter()
-        memories = [make_memory(cfg.memory, cfg.memory_k or None) for _ in range(n_envs)]
+        memories = [make_memory(cfg.memory, cfg.memory_k or None) for _ in range(envs.n)]
         base = cfg.seed * 10**7
-        seeds = [base + (g % cfg.train_seeds if cfg.train_seeds else it * cfg.n_groups + g)
-                 for g in range(cfg.n_groups)]
+        groups_here = range(rank * local_groups, (rank + 1) * local_groups)
+        seeds = [base + (g % cfg.train_seeds if cfg.train_seeds else it * cfg.n_groups + g) for g in groups_here]
         samples, episodes, timing = rollout(envs, engine, tok, prompt, memories, seeds, cfg.temperature,
                                             cfg.top_p, cfg.max_response_tokens)
         rewards, trajs, groups, anchors, valid = (
@@ -337,36 +610,44 @@ def main(argv=None):
         adv_stats = gigpo.advantage_stats(scores, groups, step_groups)
 
         t0 = time.perf_counter()
-        ids, attn, resp, rollout_logp = collate(samples, tok.pad_token_id)
-        old_logp = score(model, ids, attn, cfg, device)
-        ref_logp = score(ref, ids, attn, cfg, device) if ref is not None else None
-        logp_gap = float(((old_logp - rollout_logp).abs() * resp).sum() / resp.sum())
-        upd = update(model, ref, opt, sched, (ids, attn, resp, old_logp, ref_logp,
-                                              torch.tensor(adv, dtype=torch.float32)), cfg, device)
+        old = score(model, samples, cfg, device, tok.pad_token_id, packed)
+        ref_lp = score(ref, samples, cfg, device, tok.pad_token_id, packed) if ref is not None else None
+        gap = torch.cat([(o - torch.tensor(s.logprobs)).abs() for o, s in zip(old, samples)])
+        upd = update(model, opt, sched, samples, old, ref_lp, adv, cfg, device, tok.pad_token_id, packed)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
         t_update = time.perf_counter() - t0
         t0 = time.perf_counter()
-        engine.load_weights(model.state_dict())
+        sync_weights(engine, full_parameters(model) if distributed else model.state_dict().items())
         t_sync = time.perf_counter() - t0
 
         if it % cfg.eval_every == 0 or it == cfg.iterations:
-            eval_success = evaluate(tok, cfg, eval_envs, prompt, engine)
-            save(model, tok, opt, cfg, it, cfg.out_dir)
+            eval_success = evaluate(tok, cfg, eval_envs, prompt, engine) if rank == 0 else None
+            save(model, tok, opt, sched, cfg, it, rank, gen_model)
         dt = time.perf_counter() - t_it
+        # global episode numbers (all ranks); timings and update stats are rank 0's
+        tot = all_reduce(torch.tensor([sum(e["won"] for e in episodes), sum(e["return"] for e in episodes),
+                                       sum(e["length"] for e in episodes), len(episodes), len(samples),
+                                       sum(s.valid for s in samples), float(gap.sum()), len(gap)],
+                                      dtype=torch.float64)).tolist()
+        tokens = all_reduce(sum(len(s.prompt_ids) + len(s.response_ids) for s in samples))
         m = {
-            "iteration": it, "success": np.mean([e["won"] for e in episodes]),
-            "reward": np.mean([e["return"] for e in episodes]),
-            "valid_ratio": np.mean([s.valid for s in samples]),
-            "episode_length": np.mean([e["length"] for e in episodes]),
-            "samples": len(samples), "prompt_tokens": np.mean([len(s.prompt_ids) for s in samples]),
+            "iteration": it, "success": tot[0] / tot[3], "reward": tot[1] / tot[3],
+            "valid_ratio": tot[5] / tot[4], "episode_length": tot[2] / tot[3], "samples": tot[4],
+            "prompt_tokens": np.mean([len(s.prompt_ids) for s in samples]),
             "response_tokens": np.mean([len(s.response_ids) for s in samples]),
-            "adv_abs": float(np.abs(adv).mean()), "logp_gap": logp_gap, "lr": sched.get_last_lr()[0],
+            "adv_abs": float(np.abs(adv).mean()), "logp_gap": tot[6] / tot[7], "lr": sched.get_last_lr()[0],
             **{k: v for k, v in adv_stats.items() if k != "step_group_size_hist"},
             "step_group_size_hist": adv_stats.get("step_group_size_hist"),
             **upd, "time_gen": timing["gen"], "time_env": timing["env"],
             "time_rollout_other": timing["other"], "time_update": t_update, "time_sync": t_sync,
-            "time_iteration": dt, "samples_per_s": len(samples) / dt,
+            "time_iteration": dt, "samples_per_s": tot[4] / dt, "update_tokens_per_s": tokens / t_update,
             "eval_success": eval_success, "wall": time.perf_counter() - t_run,
         }
+        if cfg.peak_tflops:  # forward (old log-probs) + forward/backward (update): 2N + 6N per token
+            m["mfu"] = (2 + 6 * cfg.ppo_epochs) * n_params * tokens / t_update / (cfg.peak_tflops * 1e12 * world)
+        if rank != 0:
+            continue
         m = {k: (float(v) if isinstance(v, (np.floating, np.integer)) else v) for k, v in m.items()}
         log.write(json.dumps(m) + "\n")
         log.flush()
@@ -375,19 +656,23 @@ def main(argv=None):
         bar.set_postfix(success=f"{m['success']:.2f}", reward=f"{m['reward']:.2f}",
                         valid=f"{m['valid_ratio']:.2f}", eval=eval_success if eval_success is None
                         else f"{eval_success:.2f}", refresh=False)
-        if it == 1 or it % cfg.eval_every == 0:
-            tqdm.write(f"it {it}: {len(samples)} samples, {m['samples_per_s']:.0f} samples/s | time gen "
+        if it == start + 1 or it % cfg.eval_every == 0:
+            tqdm.write(f"it {it}: {int(m['samples'])} samples, {m['samples_per_s']:.0f} samples/s | time gen "
                        f"{timing['gen']:.2f}s env {timing['env']:.2f}s update {t_update:.2f}s "
                        f"other {timing['other']:.2f}s | success {m['success']:.2f} valid "
                        f"{m['valid_ratio']:.2f} eval {eval_success}")
     bar.close()
-    log.close()
     envs.close()
+    if eval_success is None and rank == 0:  # resumed at the end: nothing trained, still report
+        eval_success = evaluate(tok, cfg, eval_envs, prompt, engine)
+    if rank != 0:
+        finish_dist(engine)
+        return None
+    log.close()
     eval_envs.close()
     print(f"done in {time.perf_counter() - t_run:.0f}s; model saved to {cfg.out_dir}/model")
-    print(f"held-out success {eval_success:.3f} ({cfg.eval_episodes} seeds, "
-          f"{'greedy' if cfg.eval_temperature == 0 else f'T={cfg.eval_temperature}'}; "
-          f"random policy {baseline:.3f})")
+    print(f"held-out success {eval_success:.3f} ({eval_what(cfg)}; random policy {baseline:.3f})")
+    finish_dist(engine)
     return eval_success
 
 

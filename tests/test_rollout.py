@@ -4,7 +4,7 @@ from envs import GroupedEnvs
 from memory import make_memory
 from prompts import prompt_module
 from rollout import HFEngine, render_prompts, rollout
-from train import collate, token_logprobs
+from train import Config, score
 
 
 def prompts_for(tok, obs_list):
@@ -15,8 +15,8 @@ def prompts_for(tok, obs_list):
 def test_prompt_ids_are_compact(tiny_model):
     _, tok = tiny_model
     ids = prompts_for(tok, ["at (1, 3) treasure (4, 0)"])[0]
-    assert len(ids) == 14 and tok.unk_token_id not in ids
-    assert tok.decode(ids) == "at ( 1 , 3 ) treasure ( 4 , 0 ) act :"
+    assert len(ids) == 7 and tok.unk_token_id not in ids   # the tiny tokenizer drops "(", ")" and ","
+    assert tok.decode(ids) == "at 1 3 treasure 4 0 act"
 
 
 def test_greedy_engine_equals_manual_argmax(tiny_model):
@@ -44,11 +44,9 @@ def test_sampled_logprobs_match_training_recompute(tiny_model):
     mems = [make_memory("window") for _ in range(envs.n)]      # prompts of several lengths
     samples, _, _ = rollout(envs, HFEngine(model, tok), tok, prompt_module("treasure"), mems,
                             [1, 2, 3, 4], temperature=1.0, top_p=1.0, max_tokens=3)
-    ids, attn, resp, rollout_logp = collate(samples, tok.pad_token_id)
-    with torch.no_grad():
-        train_logp, _ = token_logprobs(model, ids, attn)
-    gap = ((train_logp - rollout_logp).abs() * resp).sum() / resp.sum()
-    assert resp.sum() == sum(len(s.response_ids) for s in samples)
+    train_logp = score(model, samples, Config(temperature=1.0), torch.device("cpu"), tok.pad_token_id, False)
+    gap = torch.cat([(t - torch.tensor(s.logprobs)).abs() for t, s in zip(train_logp, samples)]).mean()
+    assert [len(t) for t in train_logp] == [len(s.response_ids) for s in samples]
     assert gap < 1e-4, f"mean |logp_rollout - logp_train| = {gap}"
 
 

@@ -19,7 +19,8 @@ def run_train(*args, timeout=600):
     (["--memory", "diary"], "--memory"),
     (["--algo", "ppo"], "--algo"),
     (["--group_size", "1"], "--group_size"),
-    (["--mini_batch", "100", "--micro_batch", "64"], "--mini_batch"),
+    (["--mini_batch", "0"], "--mini_batch"),
+    (["--micro_batch_tokens", "0"], "--micro_batch_tokens"),
     (["--lr", "fast"], "--lr wants a float"),
     (["--iterations"], "needs a value"),
 ])
@@ -34,7 +35,7 @@ def test_bad_input_is_one_line_before_work(args, words):
 def test_two_iterations_end_to_end(tmp_path):
     out = tmp_path / "run"
     r = run_train("--iterations", "2", "--eval_every", "1", "--n_groups", "4", "--group_size", "4",
-                  "--eval_episodes", "16", "--mini_batch", "32", "--micro_batch", "16",
+                  "--eval_episodes", "16", "--mini_batch", "32", "--micro_batch_tokens", "64",
                   "--kl_coef", "0.01", "--entropy_coef", "0.001", "--out_dir", str(out))
     assert r.returncode == 0, r.stderr[-2000:]
     last = r.stdout.strip().splitlines()[-1]
@@ -53,22 +54,23 @@ def test_two_iterations_end_to_end(tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
     AutoModelForCausalLM.from_pretrained(out / "model")
     tok = AutoTokenizer.from_pretrained(out / "model")
-    assert tok("at (1, 2)").input_ids[:2] == [tok.convert_tokens_to_ids("at"), tok.convert_tokens_to_ids("(")]
-    ckpt = torch.load(out / "ckpt.pt", weights_only=False)
-    assert ckpt["iteration"] == 2 and ckpt["config"]["n_groups"] == 4 and "optimizer" in ckpt
+    assert tok("at (1, 2)").input_ids[:2] == [tok.convert_tokens_to_ids("at"), tok.convert_tokens_to_ids("1")]
+    meta = json.load(open(out / "ckpt" / "meta.json"))
+    assert meta["iteration"] == 2 and meta["config"]["n_groups"] == 4 and os.listdir(out / "ckpt")
 
 
 def test_learns_the_action_format(tmp_path):
-    """Learning test that fits in CI. A fresh tiny model says a valid action ~1% of the time; the
-    invalid-action penalty (through the advantage and the clipped update) must lift that above 80%
-    within 15 iterations. (Held-out success needs ~100+ iterations: README, results.)"""
+    """Learning test that fits in CI. A fresh tiny model says one of the 4 action words ~20% of the
+    time (1-token responses, 21 words); the invalid-action penalty (through the advantage and the
+    clipped update) must lift that above 90% within 15 iterations. (Held-out success needs
+    ~100+ iterations: README, results.)"""
     out = tmp_path / "learn"
     r = run_train("--iterations", "15", "--n_groups", "8", "--group_size", "8",
                   "--eval_every", "15", "--eval_episodes", "16", "--out_dir", str(out))
     assert r.returncode == 0, r.stderr[-2000:]
     rows = [json.loads(l) for l in open(out / "metrics.jsonl")]
-    assert rows[0]["valid_ratio"] < 0.1, rows[0]["valid_ratio"]
-    assert min(m["valid_ratio"] for m in rows[-3:]) > 0.8, [m["valid_ratio"] for m in rows]
+    assert rows[0]["valid_ratio"] < 0.4, rows[0]["valid_ratio"]
+    assert min(m["valid_ratio"] for m in rows[-3:]) > 0.9, [m["valid_ratio"] for m in rows]
     assert rows[-1]["entropy"] < rows[0]["entropy"]
 
 

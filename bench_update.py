@@ -1,0 +1,139 @@
+"""Update throughput of train.py's own FSDP2 update on GPU: tokens/s, MFU, peak memory, weight gather.
+
+    torchrun --nproc_per_node=1 bench_update.py --shape 1.5b --peak_tflops 790     # one H200
+    torchrun --nproc_per_node=8 bench_update.py --shape 7b --grad_ckpt 1             # one node
+    python bench_update.py --shape tiny --samples 16 --prompt 64 --response 16       # CPU smoke test
+
+A Qwen2.5-shaped model (random init from its config: no hub here) and step samples shaped like
+the paper's ALFWorld batch (prompts up to --prompt tokens, responses up to --response) go through
+train.score (old log-probs, forward) and train.update (clipped-surrogate forward/backward + AdamW),
+the functions train.py runs. Each rank gets --samples / world samples.
+
+FLOPs counted (useful work only; padding is not counted): per token 2 x (non-embedding params) for
+a forward, x3 for forward+backward; the LM head only on the response tokens whose logits are kept;
+causal attention 2 * d * L * s^2 per sequence of length s for a forward (QK^T and AV, half masked).
+MFU = FLOPs / time / (peak x ranks).
+"""
+import argparse
+import random
+import time
+
+import torch
+
+import train
+from rollout import HFEngine, Sample, sync_weights
+
+SHAPES = {  # transformers Qwen2Config fields of Qwen2.5-1.5B / 7B (from their config.json)
+    "1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                 num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
+    "7b": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+               num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False),
+    "tiny": dict(hidden_size=64, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
+                 num_key_value_heads=2, vocab_size=1000, tie_word_embeddings=True),
+}
+
+
+def make_samples(n, prompt, response, vocab, seed):
+    """Step samples shaped like an ALFWorld batch: prompt lengths uniform in [prompt/2, prompt],
+    responses in [response/4, response]."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        p, r = rng.randint(prompt // 2, prompt), rng.randint(response // 4, response)
+        out.append(Sample([rng.randrange(vocab) for _ in range(p)], [rng.randrange(vocab) for _ in range(r)],
+                          [-1.0] * r, 0.0, False, True, i // 8, i, "", 0))
+    return out
+
+
+def flops(model_cfg, samples, backward):
+    """Useful FLOPs of one pass over the samples (see the module docstring)."""
+    d, L, V = model_cfg.hidden_size, model_cfg.num_hidden_layers, model_cfg.vocab_size
+    kv = d // model_cfg.num_attention_heads * model_cfg.num_key_value_heads
+    per_layer = 2 * d * d + 2 * d * kv + 3 * d * model_cfg.intermediate_size   # q,o + k,v + MLP weights
+    tokens = sum(len(s.prompt_ids) + len(s.response_ids) for s in samples)
+    resp = sum(len(s.response_ids) for s in samples)
+    f = 2 * L * per_layer * tokens + 2 * d * V * resp + 2 * d * L * sum(
+        (len(s.prompt_ids) + len(s.response_ids)) ** 2 for s in samples)
+    return f * (3 if backward else 1), tokens
+
+
+def run(args, rank, world, device, log):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    mcfg = Qwen2Config(**SHAPES[args.shape], max_position_embeddings=32768, rope_theta=1e6,
+                       attn_implementation="sdpa")
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = Qwen2ForCausalLM(mcfg)
+    n_params = sum(p.numel() for p in model.parameters())
+    log(f"model {args.shape}: {n_params / 1e9:.2f}B parameters, world {world}, device {device}")
+    cfg = train.Config(micro_batch_tokens=args.micro_batch_tokens, mini_batch=args.samples, grad_ckpt=args.grad_ckpt,
+                       lr=1e-6, dual_clip=3.0)
+    engine = HFEngine(model, None, own_copy=torch.bfloat16) if args.gather else None
+    model = train.shard(model, device, cfg.grad_ckpt)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, fused=device.type == "cuda")
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda it: 1.0)
+    samples = make_samples(args.samples // world, args.prompt, args.response, mcfg.vocab_size, seed=rank)
+    adv = [random.Random(i).uniform(-1, 1) for i in range(len(samples))]
+    sync = (lambda: torch.cuda.synchronize()) if device.type == "cuda" else (lambda: None)
+
+    # warm-up on a few samples (kernels, allocator), then one measured score + update on all of them
+    few = samples[:max(2, len(samples) // 16)]
+    old = train.score(model, few, cfg, device, 0, False)
+    train.update(model, opt, sched, few, old, None, adv, cfg, device, 0, False)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    sync()
+    t0 = time.perf_counter()
+    old = train.score(model, samples, cfg, device, 0, False)
+    sync()
+    t1 = time.perf_counter()
+    stats = train.update(model, opt, sched, samples, old, None, adv, cfg, device, 0, False)
+    sync()
+    t2 = time.perf_counter()
+    f_fwd, tokens = flops(mcfg, samples, backward=False)
+    f_upd, _ = flops(mcfg, samples, backward=True)
+    f_fwd, f_upd, tokens = (train.all_reduce(x) for x in (f_fwd, f_upd, tokens))
+    peak = args.peak_tflops * 1e12 * world
+    mem = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
+    rows = [("old log-probs (forward)", t1 - t0, f_fwd), ("update (fwd+bwd+AdamW)", t2 - t1, f_upd)]
+    log(f"\n{args.samples} samples, {int(tokens)} tokens (prompt <= {args.prompt}, response <= {args.response}), "
+        f"micro-batches <= {args.micro_batch_tokens} tokens, grad_ckpt {args.grad_ckpt}, "
+        f"{stats['optimizer_steps']} optimizer step(s), loss {stats['loss']:.4f}\n")
+    log("| pass | seconds | tokens/s (all ranks) | TFLOP/s per GPU | MFU | peak memory GiB (rank 0) |")
+    log("|---|---|---|---|---|---|")
+    for name, dt, f in rows:
+        log(f"| {name} | {dt:.2f} | {tokens / dt:,.0f} | {f / dt / world / 1e12:.1f} | "
+            f"{f / dt / peak:.1%} | {mem:.1f} |" if args.peak_tflops else
+            f"| {name} | {dt:.2f} | {tokens / dt:,.0f} | {f / dt / world / 1e12:.3f} | - | {mem:.1f} |")
+    if engine is not None:
+        sync()
+        t0 = time.perf_counter()
+        sync_weights(engine, train.full_parameters(model))
+        sync()
+        log(f"\nweight gather (FSDP2 full tensor per parameter) + load into a bf16 HF engine copy: "
+            f"{time.perf_counter() - t0:.2f} s")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="1.5b")
+    ap.add_argument("--samples", type=int, default=256, help="step samples in the batch (all ranks)")
+    ap.add_argument("--prompt", type=int, default=2048, help="max prompt tokens")
+    ap.add_argument("--response", type=int, default=512, help="max response tokens")
+    ap.add_argument("--micro_batch_tokens", type=int, default=16384)
+    ap.add_argument("--grad_ckpt", type=int, default=0)
+    ap.add_argument("--gather", type=int, default=1, help="also time the weight gather into an engine copy")
+    ap.add_argument("--peak_tflops", type=float, default=0.0, help="bf16 peak per GPU (H200 measured: ~790)")
+    args = ap.parse_args()
+    rank, world, device = train.setup_dist(train.Config())
+    log = print if rank == 0 else (lambda *a, **k: None)
+    try:
+        run(args, rank, world, device, log)
+    except torch.OutOfMemoryError as e:
+        log(f"out of GPU memory: {str(e).splitlines()[0]}")
+    if train.dist.is_initialized():
+        train.dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,41 @@
+"""One score + update of the tiny model on a fixed batch; run by tests/test_dist.py both as a plain
+process and under `torchrun --nproc_per_node=2` (gloo). Writes the loss and the updated full
+weights (rank 0) to argv[1]."""
+import random
+import sys
+
+import torch
+
+import train
+from rollout import Sample
+from tiny import build_tiny
+
+
+def fixed_batch(n=48, vocab=20):
+    rng = random.Random(0)
+    out = []
+    for i in range(n):
+        p, r = rng.randint(3, 12), rng.randint(1, 4)
+        out.append(Sample([rng.randrange(3, vocab) for _ in range(p)], [rng.randrange(3, vocab) for _ in range(r)],
+                          [-rng.random() for _ in range(r)], 0.0, False, True, i // 4, i, "", 0))
+    return out, [rng.uniform(-1, 1) for _ in range(n)]
+
+
+if __name__ == "__main__":
+    cfg = train.Config(mini_batch=1000, micro_batch_tokens=64, kl_coef=0.0)   # one optimizer step
+    rank, world, device = train.setup_dist(cfg)
+    torch.set_num_threads(1)
+    model, tok = build_tiny("treasure", seed=0)
+    model = train.shard(model, device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda it: 1.0)
+    samples, adv = fixed_batch()
+    lo, hi = len(samples) * rank // world, len(samples) * (rank + 1) // world   # this rank's share
+    samples, adv = samples[lo:hi], adv[lo:hi]
+    old = train.score(model, samples, cfg, device, tok.pad_token_id, False)
+    stats = train.update(model, opt, sched, samples, old, None, adv, cfg, device, tok.pad_token_id, False)
+    weights = {n: t.clone() for n, t in train.full_parameters(model)}
+    if rank == 0:
+        torch.save({"loss": stats["loss"], "grad_norm": stats["grad_norm"], "weights": weights}, sys.argv[1])
+    if train.dist.is_initialized():
+        train.dist.destroy_process_group()

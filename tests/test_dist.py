@@ -1,0 +1,100 @@
+"""FSDP2 / torchrun on CPU (gloo), the micro-batch layouts, and checkpoint/resume."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import train
+from tiny import build_tiny
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29533"]
+ENV = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+from dist_update import fixed_batch  # noqa: E402
+
+
+def test_packed_and_padded_micro_batches_give_the_same_log_probs():
+    """Left-padded rows (SDPA) and one packed row (the flash-attn varlen layout; transformers masks
+    it per sequence for SDPA too) must score every response token the same."""
+    model, tok = build_tiny("treasure", seed=0)
+    samples, _ = fixed_batch()
+    idx = list(range(len(samples)))
+    padded = train.response_logprobs(model, train.make_batch(samples, idx, tok.pad_token_id, False), "cpu")
+    packed = train.response_logprobs(model, train.make_batch(samples, idx, tok.pad_token_id, True), "cpu")
+    one = torch.cat([train.response_logprobs(model, train.make_batch(samples, [i], 0, False), "cpu")[0]
+                     for i in idx])
+    assert padded[0].shape == (sum(len(s.response_ids) for s in samples),)
+    assert torch.allclose(padded[0], one, atol=1e-5) and torch.allclose(packed[0], one, atol=1e-5)
+    assert torch.allclose(padded[1], packed[1], atol=1e-5)
+
+
+def test_micro_batches_respect_the_token_budget():
+    samples, _ = fixed_batch()
+    for packed in (False, True):
+        mbs = train.micro_batches(samples, range(len(samples)), 40, packed)
+        assert sorted(i for mb in mbs for i in mb) == list(range(len(samples)))
+        for mb in mbs:
+            lens = [len(samples[i].prompt_ids) + len(samples[i].response_ids) for i in mb]
+            assert len(mb) == 1 or (sum(lens) if packed else max(lens) * len(lens)) <= 40
+
+
+def test_two_gloo_ranks_update_like_one_process(tmp_path):
+    """One update on a fixed batch: FSDP2 over 2 ranks (half the samples each) == one process."""
+    script = os.path.join(ROOT, "tests", "dist_update.py")
+    subprocess.run([sys.executable, script, str(tmp_path / "one.pt")], check=True, env=ENV, timeout=300)
+    subprocess.run(TORCHRUN + [script, str(tmp_path / "two.pt")], check=True, env=ENV, timeout=300,
+                   capture_output=True)
+    one, two = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")
+    init, _ = build_tiny("treasure", seed=0)
+    init = dict(init.named_parameters())
+    assert abs(one["loss"] - two["loss"]) < 1e-5 and abs(one["grad_norm"] - two["grad_norm"]) < 1e-4
+    moved = max((one["weights"][k] - init[k]).abs().max().item() for k in init)
+    diff = max((one["weights"][k] - two["weights"][k]).abs().max().item() for k in init)
+    assert moved > 5e-3 and diff < 5e-4, (moved, diff)   # lr 1e-2: weights moved, and moved alike
+
+
+def run_train(args, **kw):
+    return subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), *args], env=ENV, cwd=ROOT,
+                          capture_output=True, text=True, **kw)
+
+
+SMALL = ["--n_groups", "4", "--group_size", "2", "--eval_episodes", "8", "--threads", "1"]
+
+
+def test_torchrun_two_ranks_trains_end_to_end(tmp_path):
+    """The default engine (vLLM where installed: one per rank) under torchrun, gloo."""
+    out = subprocess.run(TORCHRUN + [os.path.join(ROOT, "train.py"), *SMALL, "--iterations", "2",
+                                     "--out_dir", str(tmp_path)], env=ENV, cwd=ROOT, capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1].startswith("held-out success")
+    assert len(open(tmp_path / "metrics.jsonl").readlines()) == 2
+    from transformers import AutoModelForCausalLM
+    AutoModelForCausalLM.from_pretrained(tmp_path / "model")
+
+
+def test_kill_then_resume_loses_nothing(tmp_path):
+    args = [*SMALL, "--engine", "hf", "--iterations", "8", "--eval_every", "2", "--out_dir", str(tmp_path)]
+    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "train.py"), *args], env=ENV, cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    meta = tmp_path / "ckpt" / "meta.json"
+    deadline = time.time() + 300
+    while time.time() < deadline and not (meta.exists() and json.load(open(meta))["iteration"] >= 4):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)   # mid-run, maybe mid-write: the last good checkpoint must survive
+    proc.wait()
+    killed_at = json.load(open(meta))["iteration"]
+    assert 4 <= killed_at < 8
+    bad = run_train([*args, "--resume", "1", "--lr", "0.5"], timeout=120)
+    assert bad.returncode != 0 and "--lr" in bad.stderr.strip().splitlines()[-1]
+    out = run_train([*args, "--resume", "1"], timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert f"resumed from {tmp_path}/ckpt at iteration {killed_at}" in out.stdout
+    its = [json.loads(l)["iteration"] for l in open(tmp_path / "metrics.jsonl")]
+    assert its == list(range(1, 9)) and json.load(open(meta))["iteration"] == 8
