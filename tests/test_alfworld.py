@@ -153,7 +153,7 @@ def test_train_one_iteration_then_eval_only(data_dir, tmp_path):
             "train.main(sys.argv[1:])")
     args = ["--env", "alfworld", "--model", "tiny", "--n_groups", "2", "--group_size", "2", "--iterations",
             "1", "--eval_every", "1", "--eval_episodes", "1", "--max_response_tokens", "4", "--mini_batch",
-            "16", "--micro_batch", "8", "--env_workers", "2", "--out_dir", str(out)]
+            "16", "--env_workers", "2", "--out_dir", str(out)]
     t0 = time.time()
     r = subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, env=env, capture_output=True, text=True,
                        timeout=600)
