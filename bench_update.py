@@ -131,7 +131,7 @@ def main():
         run(args, rank, world, device, log)
     except torch.OutOfMemoryError as e:
         log(f"out of GPU memory: {str(e).splitlines()[0]}")
-    if train.dist.is_initialized():
+    if train.dist_on():
         train.dist.destroy_process_group()
 
 

@@ -185,6 +185,14 @@ def load_model(cfg, device):
 
 
 # ---- distributed: torchrun + FSDP2 (inline, like nanoGPT's DDP) --------------------------------
+_DIST = False  # set by setup_dist; not dist.is_initialized(): an in-process vLLM makes its own group
+
+
+def dist_on():
+    """Did this process join a torchrun / FSDP2 process group (setup_dist)?"""
+    return _DIST
+
+
 def setup_dist(cfg):
     """-> (rank, world, device). Under torchrun (RANK set): NCCL on GPU, gloo on CPU. A plain
     `python train.py` on a GPU is rank 0 of a world of 1, so it takes the same FSDP2 (bf16) path;
@@ -201,12 +209,14 @@ def setup_dist(cfg):
     import datetime  # rank 0 evaluates (ALFWorld: many minutes) while the others wait at a barrier
     dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None,
                             timeout=datetime.timedelta(hours=2))
+    global _DIST
+    _DIST = True
     return dist.get_rank(), dist.get_world_size(), device
 
 
 def all_reduce(x, op="sum"):
     """A float/int (or tensor) summed or maxed over ranks; itself when not distributed."""
-    if not dist.is_initialized():
+    if not _DIST:
         return x
     t = torch.as_tensor(x, dtype=torch.float64, device="cuda" if dist.get_backend() == "nccl" else "cpu")
     dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
@@ -219,7 +229,7 @@ def shard(model, device, grad_ckpt=False):
     AdamW updates, so its state is fp32 too. A no-op without a process group (plain CPU run)."""
     if grad_ckpt:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    if not dist.is_initialized():
+    if not _DIST:
         return model
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
@@ -327,7 +337,7 @@ def update(model, opt, sched, samples, old, ref, adv, cfg, device, pad_id, packe
     ranks (times the world size, since FSDP averages gradients over ranks), so the update does not
     depend on how samples fell across ranks or micro-batches. old/ref: per-sample log-prob tensors;
     adv: one float per sample."""
-    world = dist.get_world_size() if dist.is_initialized() else 1
+    world = dist.get_world_size() if _DIST else 1
     stats = {k: torch.zeros((), device=device) for k in ("loss", "clip_frac", "kl_ref", "entropy", "grad_norm")}
     n_steps = 0
     for _ in range(cfg.ppo_epochs):
@@ -508,12 +518,12 @@ def load_checkpoint(model, opt, sched, cfg, rank, meta):
 def finish_dist(engine):
     """Leave the process group; a vLLM engine tears the groups down itself at exit (destroying them
     first makes its shutdown fail)."""
-    if dist.is_initialized() and isinstance(engine, HFEngine):
+    if _DIST and isinstance(engine, HFEngine):
         dist.destroy_process_group()
 
 
 def barrier():
-    if dist.is_initialized():
+    if _DIST:
         dist.barrier()
 
 
@@ -530,8 +540,18 @@ def main(argv=None):
     random.seed(cfg.seed + rank)
     prompt = prompt_module(cfg.env)
     local_groups = cfg.n_groups // world                  # this rank's groups: rank * local_groups + j
+    # the held-out seeds' envs (named eval sets, e.g. ALFWorld's splits, make their own in evaluate)
+    eval_envs = GroupedEnvs(cfg.env, cfg.eval_episodes, 1, workers=cfg.env_workers) \
+        if rank == 0 and "held-out" in eval_plan(cfg) else None
+    if cfg.eval_only:
+        model, tok = load_model(cfg, device)
+        engine = make_engine(cfg.engine, model, tok, cfg.kv_cache_mb, cfg.gpu_memory_utilization)
+        eval_success = evaluate(tok, cfg, eval_envs, prompt, engine) if rank == 0 else None
+        print0(f"eval-only success {eval_success:.3f} ({eval_what(cfg)}; model {cfg.model})")
+        eval_envs and eval_envs.close()
+        finish_dist(engine)
+        return eval_success
     envs = GroupedEnvs(cfg.env, local_groups, cfg.group_size, workers=cfg.env_workers)
-    eval_envs = GroupedEnvs(cfg.env, cfg.eval_episodes, 1, workers=cfg.env_workers) if rank == 0 else None
     max_steps = getattr(envs.envs[0], "max_steps", None) if envs.workers == 0 else None
 
     # the batch arithmetic, printed once
@@ -544,19 +564,13 @@ def main(argv=None):
 
     model, tok = load_model(cfg, device)
     packed = getattr(model.config, "_attn_implementation", "") == "flash_attention_2"
-    distributed = dist.is_initialized()
+    distributed = _DIST
     engine = make_engine(cfg.engine, model, tok, cfg.kv_cache_mb, cfg.gpu_memory_utilization)
     if distributed and isinstance(engine, HFEngine):
         # the engine gets its own full copy: FSDP2 all-gathers on every forward, so generating from
         # the sharded module would hang as soon as ranks play different numbers of steps
         engine = HFEngine(model, tok, own_copy=torch.bfloat16 if device.type == "cuda" else torch.float32)
     gen_model = engine.model if distributed and isinstance(engine, HFEngine) else None
-    if cfg.eval_only:
-        eval_success = evaluate(tok, cfg, eval_envs, prompt, engine) if rank == 0 else None
-        print0(f"eval-only success {eval_success:.3f} ({eval_what(cfg)}; model {cfg.model})")
-        envs.close()
-        eval_envs and eval_envs.close()
-        return eval_success
     ref = copy.deepcopy(model).eval().requires_grad_(False) if cfg.kl_coef > 0 else None
     print0(f"model: {cfg.model}, {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, "
            f"vocab {len(tok)}, device {device}{f', FSDP2 over {world} rank(s)' if distributed else ''}")
@@ -571,7 +585,7 @@ def main(argv=None):
         sync_weights(engine, full_parameters(model) if distributed else model.state_dict().items())
         print0(f"resumed from {cfg.out_dir}/ckpt at iteration {start}")
     baseline = random_policy_success(cfg, eval_envs) if rank == 0 else None
-    print0(f"random policy on the eval episodes: success {baseline}")
+    print0(f"random policy on the eval episodes ({eval_what(cfg).split(',')[0]}): success {baseline}")
 
     os.makedirs(cfg.out_dir, exist_ok=True)
     log_path = os.path.join(cfg.out_dir, "metrics.jsonl")
@@ -669,7 +683,7 @@ def main(argv=None):
         finish_dist(engine)
         return None
     log.close()
-    eval_envs.close()
+    eval_envs and eval_envs.close()
     print(f"done in {time.perf_counter() - t_run:.0f}s; model saved to {cfg.out_dir}/model")
     print(f"held-out success {eval_success:.3f} ({eval_what(cfg)}; random policy {baseline:.3f})")
     finish_dist(engine)

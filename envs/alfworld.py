@@ -38,7 +38,8 @@ TRAIN_DEFAULTS = {
     "n_groups": 16, "group_size": 8, "env_workers": 8, "max_response_tokens": 512,
     "temperature": 1.0, "eval_temperature": 0.4, "iterations": 150, "lr": 1e-6, "lr_min": 1.0,
     "weight_decay": 0.01, "kl_coef": 0.01, "entropy_coef": 0.001, "mini_batch": 256,
-    "norm": "mean_std_norm", "eval_every": 10, "eval_episodes": 140}
+    "norm": "mean_std_norm", "eval_every": 10, "eval_episodes": 140, "micro_batch_tokens": 16384}
+TINY_CORPUS_EPISODES = 3   # `--model tiny` trains its word-level tokenizer on this many random episodes (~1 min)
 
 
 

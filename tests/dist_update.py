@@ -37,5 +37,5 @@ if __name__ == "__main__":
     weights = {n: t.clone() for n, t in train.full_parameters(model)}
     if rank == 0:
         torch.save({"loss": stats["loss"], "grad_norm": stats["grad_norm"], "weights": weights}, sys.argv[1])
-    if train.dist.is_initialized():
+    if train.dist_on():
         train.dist.destroy_process_group()

@@ -145,17 +145,15 @@ def test_eval_sets_cover_the_splits_in_order(data_dir):
 def test_train_one_iteration_then_eval_only(data_dir, tmp_path):
     """The tiny model through the whole loop on real games: `--env alfworld` applies the env's
     defaults (window memory, 512 tokens, ...), which the flags here cut down to CPU test size.
-    The tiny tokenizer is trained from random episodes (tiny.corpus); 200 of them on ALFWorld take
-    ~10 minutes, so this test trains it on 3 episodes (unseen words become <unk>)."""
+    The tiny tokenizer is trained from envs.alfworld.TINY_CORPUS_EPISODES = 3 random episodes
+    (unseen words become <unk>)."""
     out = tmp_path / "run"
     env = {**os.environ, "ALFWORLD_DATA": data_dir, "PYTHONPATH": ROOT}
-    code = ("import functools, sys, tiny, train; tiny.corpus = functools.partial(tiny.corpus, episodes=3); "
-            "train.main(sys.argv[1:])")
     args = ["--env", "alfworld", "--model", "tiny", "--n_groups", "2", "--group_size", "2", "--iterations",
             "1", "--eval_every", "1", "--eval_episodes", "1", "--max_response_tokens", "4", "--mini_batch",
             "16", "--env_workers", "2", "--out_dir", str(out)]
     t0 = time.time()
-    r = subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, env=env, capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "train.py", *args], cwd=ROOT, env=env, capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     config = json.loads(r.stdout.split("config: ", 1)[1].splitlines()[0])
