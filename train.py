@@ -28,6 +28,7 @@ import gigpo
 from envs import ENVS, GroupedEnvs
 from memory import MEMORIES, make_memory
 from prompts import prompt_module
+from evaluate import eval_plan, eval_what, evaluate, random_policy_success
 from rollout import HFEngine, make_engine, rollout, sync_weights
 
 
@@ -376,71 +377,6 @@ def update(model, opt, sched, samples, old, ref, adv, cfg, device, pad_id, packe
     vals = all_reduce(torch.stack(list(stats.values()))) / world
     return {k: float(v) / n_steps for k, v in zip(stats, vals)} | {
         "grad_norm": float(gn) / n_steps, "optimizer_steps": n_steps}
-
-
-def eval_plan(cfg):
-    """The eval sets {name: (env kwargs, seeds)}. An env module with eval_sets(n) names its own
-    (ALFWorld: valid_seen and valid_unseen, whole splits in order; eval_episodes caps each;
-    --eval_sets picks some); any other env: the held-out seeds 10**9 + [0, eval_episodes)."""
-    import importlib
-    sets_fn = getattr(importlib.import_module(ENVS[cfg.env][0]), "eval_sets", None)
-    if sets_fn is None:
-        return {"held-out": ({}, [10**9 + k for k in range(cfg.eval_episodes)])}
-    sets = sets_fn(cfg.eval_episodes)
-    return {name: sets[name] for name in (cfg.eval_sets.split(",") if cfg.eval_sets else sets)}
-
-
-def eval_what(cfg):
-    """What the eval played, for the last line: '256 seeds, greedy' or 'valid_seen 140 + ... games, T=0.4'."""
-    plan = eval_plan(cfg)
-    what = (f"{cfg.eval_episodes} seeds" if "held-out" in plan else
-            " + ".join(f"{name} {len(seeds)}" for name, (_, seeds) in plan.items()) + " games")
-    return f"{what}, {'greedy' if cfg.eval_temperature == 0 else f'T={cfg.eval_temperature}'}"
-
-
-def eval_envs_for(cfg, envs, kwargs, seeds):
-    """A named set gets its own envs (one group of 1 per game, closed after use); the held-out seeds
-    are played on `envs`, made once in main()."""
-    return GroupedEnvs(cfg.env, len(seeds), 1, workers=cfg.env_workers, **kwargs) if kwargs else envs
-
-
-def evaluate(tok, cfg, envs, prompt, engine):
-    """Episodes at eval_temperature (0 = greedy) on the eval sets -> success over all of them. For
-    named sets, prints the success of each and per task type (info["task_type"]) where there is one."""
-    won = []
-    for name, (kwargs, seeds) in eval_plan(cfg).items():
-        set_envs = eval_envs_for(cfg, envs, kwargs, seeds)
-        memories = [make_memory(cfg.memory, cfg.memory_k or None) for _ in range(set_envs.n)]
-        _, episodes, _ = rollout(set_envs, engine, tok, prompt, memories, seeds, cfg.eval_temperature,
-                                 1.0, cfg.max_response_tokens)
-        won += [e["won"] for e in episodes]
-        if set_envs is not envs:
-            set_envs.close()
-            types = sorted({e["task_type"] for e in episodes if e.get("task_type")})
-            per_type = " ".join(f"{t} {np.mean([e['won'] for e in episodes if e['task_type'] == t]):.3f}"
-                                f" ({sum(e['task_type'] == t for e in episodes)})" for t in types)
-            tqdm.write(f"eval {name}: success {np.mean([e['won'] for e in episodes]):.3f} over "
-                       f"{len(episodes)} games | {per_type}")
-    return float(np.mean(won))
-
-
-def random_policy_success(cfg, envs):
-    """The same eval episodes played by a uniformly random admissible action."""
-    rng, wins = random.Random(0), []
-    for kwargs, seeds in eval_plan(cfg).values():
-        set_envs = eval_envs_for(cfg, envs, kwargs, seeds)
-        obs, infos = set_envs.reset(seeds)
-        active = list(range(set_envs.n))
-        while active:
-            res = set_envs.step({i: rng.choice(infos[i]["admissible_actions"]) for i in active})
-            for i, (o, r, term, trunc, info) in res.items():
-                infos[i] = info
-                if term or trunc:
-                    wins.append(bool(info.get("won")))
-            active = [i for i in active if not (res[i][2] or res[i][3])]
-        if set_envs is not envs:
-            set_envs.close()
-    return float(np.mean(wins))
 
 
 # ---- checkpoints: one resumable checkpoint (sharded, torch.distributed.checkpoint) + HF export ----

@@ -50,7 +50,6 @@ def test_two_iterations_end_to_end(tmp_path):
     assert rows[-1]["kl_ref"] >= 0 and rows[-1]["logp_gap"] < 1e-3
     assert rows[-1]["optimizer_steps"] >= 2          # ~60 samples / mini-batch 32
     # the HF export loads as is, and the checkpoint has what resume needs
-    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     AutoModelForCausalLM.from_pretrained(out / "model")
     tok = AutoTokenizer.from_pretrained(out / "model")
