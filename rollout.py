@@ -133,8 +133,10 @@ class VLLMEngine:
 def sync_weights(engine, named_tensors):
     """Push the trainer's weights into the engine, then reset its prefix cache (else KV entries
     computed with the old weights are reused). named_tensors: (HF name, full tensor) pairs, consumed
-    once: a state_dict's items now, FSDP2's gathered parameters later. The only place that touches
-    vLLM internals; the transformers engine shares the training module and needs nothing."""
+    once (train.full_parameters: gathered one parameter at a time under FSDP2); a tied lm_head may
+    be absent. The only place that touches vLLM internals. A transformers engine that shares the
+    training module needs nothing (the iterator is not even consumed); one with its own copy
+    (own_copy) gets the tensors copied in."""
     if isinstance(engine, HFEngine):
         if engine.owns:
             params = dict(engine.model.named_parameters())
@@ -154,11 +156,12 @@ def sync_weights(engine, named_tensors):
     engine.llm.reset_prefix_cache()
 
 
-def make_engine(kind, model, tokenizer, kv_cache_mb, gpu_memory_utilization):
+def make_engine(kind, model, tokenizer, kv_cache_mb, gpu_memory_utilization, own_copy=None):
     """--engine hf | vllm | auto. auto: vLLM where it imports and serves this model, else the
-    transformers engine with a one-line warning that says why; vllm: the same failure is an error."""
+    transformers engine with a one-line warning that says why; vllm: the same failure is an error.
+    own_copy: see HFEngine (vLLM always holds its own copy)."""
     if kind == "hf":
-        return HFEngine(model, tokenizer)
+        return HFEngine(model, tokenizer, own_copy)
     try:
         return VLLMEngine(model, tokenizer.eos_token_id, kv_cache_mb, gpu_memory_utilization)
     except Exception as e:  # vLLM reports bad input as many exception types; we only need the text
@@ -170,7 +173,7 @@ def make_engine(kind, model, tokenizer, kv_cache_mb, gpu_memory_utilization):
         if kind == "vllm":
             sys.exit(f"error: --engine vllm: {why} (--engine hf generates with transformers)")
         print(f"warning: --engine auto: {why}; using the transformers engine (--engine hf)")
-        return HFEngine(model, tokenizer)
+        return HFEngine(model, tokenizer, own_copy)
 
 
 def render_prompts(tokenizer, messages):

@@ -501,12 +501,12 @@ def main(argv=None):
     model, tok = load_model(cfg, device)
     packed = getattr(model.config, "_attn_implementation", "") == "flash_attention_2"
     distributed = _DIST
-    engine = make_engine(cfg.engine, model, tok, cfg.kv_cache_mb, cfg.gpu_memory_utilization)
-    if distributed and isinstance(engine, HFEngine):
-        # the engine gets its own full copy: FSDP2 all-gathers on every forward, so generating from
-        # the sharded module would hang as soon as ranks play different numbers of steps
-        engine = HFEngine(model, tok, own_copy=torch.bfloat16 if device.type == "cuda" else torch.float32)
-    gen_model = engine.model if distributed and isinstance(engine, HFEngine) else None
+    # sharded training weights: a transformers engine gets its own full copy (FSDP2 all-gathers on
+    # every forward, so generating from the sharded module would hang as soon as ranks play
+    # different numbers of steps)
+    own_copy = (torch.bfloat16 if device.type == "cuda" else torch.float32) if distributed else None
+    engine = make_engine(cfg.engine, model, tok, cfg.kv_cache_mb, cfg.gpu_memory_utilization, own_copy)
+    gen_model = engine.model if isinstance(engine, HFEngine) and engine.owns else None
     ref = copy.deepcopy(model).eval().requires_grad_(False) if cfg.kl_coef > 0 else None
     print0(f"model: {cfg.model}, {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, "
            f"vocab {len(tok)}, device {device}{f', FSDP2 over {world} rank(s)' if distributed else ''}")
@@ -518,7 +518,7 @@ def main(argv=None):
         1 + math.cos(math.pi * min(it, cfg.iterations) / cfg.iterations)))
     start = load_checkpoint(model, opt, sched, cfg, rank, meta) if meta else 0
     if start:
-        sync_weights(engine, full_parameters(model) if distributed else model.state_dict().items())
+        sync_weights(engine, full_parameters(model))
         print0(f"resumed from {cfg.out_dir}/ckpt at iteration {start}")
     baseline = random_policy_success(cfg, eval_envs) if rank == 0 else None
     print0(f"random policy on the eval episodes ({eval_what(cfg).split(',')[0]}): success {baseline}")
@@ -568,7 +568,7 @@ def main(argv=None):
             torch.cuda.synchronize()
         t_update = time.perf_counter() - t0
         t0 = time.perf_counter()
-        sync_weights(engine, full_parameters(model) if distributed else model.state_dict().items())
+        sync_weights(engine, full_parameters(model))
         t_sync = time.perf_counter() - t0
 
         if it % cfg.eval_every == 0 or it == cfg.iterations:
