@@ -20,6 +20,7 @@ import time
 
 import torch
 
+import fsdp
 import train
 from rollout import HFEngine, Sample, sync_weights
 
@@ -69,7 +70,7 @@ def run(args, rank, world, device, log):
     cfg = train.Config(micro_batch_tokens=args.micro_batch_tokens, mini_batch=args.samples, grad_ckpt=args.grad_ckpt,
                        lr=1e-6, dual_clip=3.0)
     engine = HFEngine(model, None, own_copy=torch.bfloat16) if args.gather else None
-    model = train.shard(model, device, cfg.grad_ckpt)
+    model = fsdp.shard(model, device, cfg.grad_ckpt)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, fused=device.type == "cuda")
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda it: 1.0)
     samples = make_samples(args.samples // world, args.prompt, args.response, mcfg.vocab_size, seed=rank)
@@ -92,7 +93,7 @@ def run(args, rank, world, device, log):
     t2 = time.perf_counter()
     f_fwd, tokens = flops(mcfg, samples, backward=False)
     f_upd, _ = flops(mcfg, samples, backward=True)
-    f_fwd, f_upd, tokens = (train.all_reduce(x) for x in (f_fwd, f_upd, tokens))
+    f_fwd, f_upd, tokens = (fsdp.all_reduce(x) for x in (f_fwd, f_upd, tokens))
     peak = args.peak_tflops * 1e12 * world
     mem = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
     rows = [("old log-probs (forward)", t1 - t0, f_fwd), ("update (fwd+bwd+AdamW)", t2 - t1, f_upd)]
@@ -108,7 +109,7 @@ def run(args, rank, world, device, log):
     if engine is not None:
         sync()
         t0 = time.perf_counter()
-        sync_weights(engine, train.full_parameters(model))
+        sync_weights(engine, fsdp.full_parameters(model))
         sync()
         log(f"\nweight gather (FSDP2 full tensor per parameter) + load into a bf16 HF engine copy: "
             f"{time.perf_counter() - t0:.2f} s")
@@ -125,14 +126,14 @@ def main():
     ap.add_argument("--gather", type=int, default=1, help="also time the weight gather into an engine copy")
     ap.add_argument("--peak_tflops", type=float, default=0.0, help="bf16 peak per GPU (H200 measured: ~790)")
     args = ap.parse_args()
-    rank, world, device = train.setup_dist(train.Config())
+    rank, world, device = fsdp.setup_dist(train.Config())
     log = print if rank == 0 else (lambda *a, **k: None)
     try:
         run(args, rank, world, device, log)
     except torch.OutOfMemoryError as e:
         log(f"out of GPU memory: {str(e).splitlines()[0]}")
-    if train.dist_on():
-        train.dist.destroy_process_group()
+    if fsdp.dist_on():
+        fsdp.dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ import json
 import math
 import os
 import random
-import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -29,6 +28,8 @@ from envs import ENVS, GroupedEnvs
 from memory import MEMORIES, make_memory
 from prompts import prompt_module
 from evaluate import eval_plan, eval_what, evaluate, random_policy_success
+from fsdp import (all_reduce, check_resume, dist_on, finish_dist, full_parameters, load_checkpoint, save,
+                  setup_dist, shard)
 from rollout import HFEngine, make_engine, rollout, sync_weights
 
 
@@ -185,68 +186,6 @@ def load_model(cfg, device):
     return model.to(device), tok
 
 
-# ---- distributed: torchrun + FSDP2 (inline, like nanoGPT's DDP) --------------------------------
-_DIST = False  # set by setup_dist; not dist.is_initialized(): an in-process vLLM makes its own group
-
-
-def dist_on():
-    """Did this process join a torchrun / FSDP2 process group (setup_dist)?"""
-    return _DIST
-
-
-def setup_dist(cfg):
-    """-> (rank, world, device). Under torchrun (RANK set): NCCL on GPU, gloo on CPU. A plain
-    `python train.py` on a GPU is rank 0 of a world of 1, so it takes the same FSDP2 (bf16) path;
-    on CPU it stays a plain single process."""
-    cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
-    if "RANK" not in os.environ and not cuda:
-        return 0, 1, torch.device("cpu")
-    if "RANK" not in os.environ:
-        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-                          MASTER_PORT=os.environ.get("MASTER_PORT", "29511"))
-    device = torch.device(f"cuda:{int(os.environ['LOCAL_RANK'])}" if cuda else "cpu")
-    if cuda:
-        torch.cuda.set_device(device)
-    import datetime  # rank 0 evaluates (ALFWorld: many minutes) while the others wait at a barrier
-    dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None,
-                            timeout=datetime.timedelta(hours=2))
-    global _DIST
-    _DIST = True
-    return dist.get_rank(), dist.get_world_size(), device
-
-
-def all_reduce(x, op="sum"):
-    """A float/int (or tensor) summed or maxed over ranks; itself when not distributed."""
-    if not _DIST:
-        return x
-    t = torch.as_tensor(x, dtype=torch.float64, device="cuda" if dist.get_backend() == "nccl" else "cpu")
-    dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
-    return t.item() if not torch.is_tensor(x) else t
-
-
-def shard(model, device, grad_ckpt=False):
-    """FSDP2: each decoder layer is its own unit, then the root (embeddings, head). On GPU, bf16
-    parameters and compute with fp32 gradient reduction; the sharded fp32 master weights are what
-    AdamW updates, so its state is fp32 too. A no-op without a process group (plain CPU run)."""
-    if grad_ckpt:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    if not _DIST:
-        return model
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
-        if device.type == "cuda" else MixedPrecisionPolicy()
-    for layer in model.model.layers:
-        fully_shard(layer, mp_policy=mp)
-    return fully_shard(model, mp_policy=mp)
-
-
-def full_parameters(model):
-    """(name, full tensor) per parameter, gathered one at a time from the shards (never a whole
-    state dict on one rank): every rank must walk this in the same order (it is collective)."""
-    for name, p in model.named_parameters():
-        yield name, (p.full_tensor() if hasattr(p, "full_tensor") else p).detach()
-
-
 # ---- micro-batches: token budget; left-padded rows (SDPA) or one packed row (flash-attn varlen) ----
 def micro_batches(samples, idx, max_tokens, packed):
     """Indices -> lists of indices, longest first, each under max_tokens. The cost of a micro-batch
@@ -338,7 +277,7 @@ def update(model, opt, sched, samples, old, ref, adv, cfg, device, pad_id, packe
     ranks (times the world size, since FSDP averages gradients over ranks), so the update does not
     depend on how samples fell across ranks or micro-batches. old/ref: per-sample log-prob tensors;
     adv: one float per sample."""
-    world = dist.get_world_size() if _DIST else 1
+    world = dist.get_world_size() if dist_on() else 1
     stats = {k: torch.zeros((), device=device) for k in ("loss", "clip_frac", "kl_ref", "entropy", "grad_norm")}
     n_steps = 0
     for _ in range(cfg.ppo_epochs):
@@ -379,90 +318,6 @@ def update(model, opt, sched, samples, old, ref, adv, cfg, device, pad_id, packe
         "grad_norm": float(gn) / n_steps, "optimizer_steps": n_steps}
 
 
-# ---- checkpoints: one resumable checkpoint (sharded, torch.distributed.checkpoint) + HF export ----
-RESUME_FREE = {"resume", "iterations", "eval_every", "threads", "env_workers", "wandb", "device", "out_dir"}
-
-
-def _swap_in(tmp, final):
-    """Replace `final` by `tmp` so that one complete copy always exists on disk."""
-    old = final + ".old"
-    if os.path.exists(final):
-        os.replace(final, old)
-    os.replace(tmp, final)
-    if os.path.exists(old):
-        shutil.rmtree(old)
-
-
-def save(model, tok, opt, sched, cfg, it, rank, gen_model=None):
-    """out_dir/ckpt (model + optimizer shards of every rank, iteration, config, scheduler, per-rank
-    RNG) and out_dir/model (HF format: transformers and vLLM load it as is). Each is written under a
-    temp name then swapped in, so a crash mid-write never destroys the last good one."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict, StateDictOptions
-    tmp, final = os.path.join(cfg.out_dir, "ckpt.tmp"), os.path.join(cfg.out_dir, "ckpt")
-    if rank == 0 and os.path.exists(tmp):
-        shutil.rmtree(tmp)
-    barrier()
-    msd, osd = get_state_dict(model, opt)
-    dcp.save({"model": msd, "optim": osd}, checkpoint_id=tmp)
-    torch.save({"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()},
-               os.path.join(tmp, f"rng{rank}.pt"))
-    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    if rank == 0:
-        with open(os.path.join(tmp, "meta.json"), "w") as f:
-            json.dump({"iteration": it, "config": dataclasses.asdict(cfg), "sched": sched.state_dict()}, f)
-        tmp_hf = os.path.join(cfg.out_dir, "model.tmp")
-        from transformers.utils import logging as hf_logging
-        hf_logging.disable_progress_bar()
-        (gen_model or model).save_pretrained(tmp_hf, state_dict=full)
-        tok.save_pretrained(tmp_hf)
-        _swap_in(tmp, final)
-        _swap_in(tmp_hf, os.path.join(cfg.out_dir, "model"))
-    barrier()
-
-
-def check_resume(cfg):
-    """--resume: out_dir/ckpt must exist and come from the same config (bar RESUME_FREE fields)."""
-    path = os.path.join(cfg.out_dir, "ckpt", "meta.json")
-    if not os.path.exists(path):
-        sys.exit(f"error: --resume but {path} does not exist; drop --resume or point --out_dir at a run")
-    meta = json.load(open(path))
-    diff = [f"--{k} {meta['config'].get(k)!r} -> {v!r}" for k, v in dataclasses.asdict(cfg).items()
-            if k not in RESUME_FREE and meta["config"].get(k) != v]
-    if diff:
-        sys.exit(f"error: --resume: {cfg.out_dir} was trained with another config ({'; '.join(diff)}); "
-                 f"use the same flags or another --out_dir")
-    return meta
-
-
-def load_checkpoint(model, opt, sched, cfg, rank, meta):
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-    path = os.path.join(cfg.out_dir, "ckpt")
-    msd, osd = get_state_dict(model, opt)
-    state = {"model": msd, "optim": osd}
-    dcp.load(state, checkpoint_id=path)
-    set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
-    sched.load_state_dict(meta["sched"])
-    rng_file = os.path.join(path, f"rng{rank}.pt")
-    if os.path.exists(rng_file):
-        rng = torch.load(rng_file, weights_only=False)
-        torch.set_rng_state(rng["torch"]), random.setstate(rng["python"]), np.random.set_state(rng["numpy"])
-    return meta["iteration"]
-
-
-def finish_dist(engine):
-    """Leave the process group; a vLLM engine tears the groups down itself at exit (destroying them
-    first makes its shutdown fail)."""
-    if _DIST and isinstance(engine, HFEngine):
-        dist.destroy_process_group()
-
-
-def barrier():
-    if _DIST:
-        dist.barrier()
-
-
 def main(argv=None):
     cfg = parse_args(sys.argv[1:] if argv is None else argv)
     check_config(cfg)
@@ -500,7 +355,7 @@ def main(argv=None):
 
     model, tok = load_model(cfg, device)
     packed = getattr(model.config, "_attn_implementation", "") == "flash_attention_2"
-    distributed = _DIST
+    distributed = dist_on()
     # sharded training weights: a transformers engine gets its own full copy (FSDP2 all-gathers on
     # every forward, so generating from the sharded module would hang as soon as ranks play
     # different numbers of steps)

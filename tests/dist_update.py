@@ -6,6 +6,7 @@ import sys
 
 import torch
 
+import fsdp
 import train
 from rollout import Sample
 from tiny import build_tiny
@@ -23,10 +24,10 @@ def fixed_batch(n=48, vocab=20):
 
 if __name__ == "__main__":
     cfg = train.Config(mini_batch=1000, micro_batch_tokens=64, kl_coef=0.0)   # one optimizer step
-    rank, world, device = train.setup_dist(cfg)
+    rank, world, device = fsdp.setup_dist(cfg)
     torch.set_num_threads(1)
     model, tok = build_tiny("treasure", seed=0)
-    model = train.shard(model, device)
+    model = fsdp.shard(model, device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda it: 1.0)
     samples, adv = fixed_batch()
@@ -34,8 +35,8 @@ if __name__ == "__main__":
     samples, adv = samples[lo:hi], adv[lo:hi]
     old = train.score(model, samples, cfg, device, tok.pad_token_id, False)
     stats = train.update(model, opt, sched, samples, old, None, adv, cfg, device, tok.pad_token_id, False)
-    weights = {n: t.clone() for n, t in train.full_parameters(model)}
+    weights = {n: t.clone() for n, t in fsdp.full_parameters(model)}
     if rank == 0:
         torch.save({"loss": stats["loss"], "grad_norm": stats["grad_norm"], "weights": weights}, sys.argv[1])
-    if train.dist_on():
-        train.dist.destroy_process_group()
+    if fsdp.dist_on():
+        fsdp.dist.destroy_process_group()

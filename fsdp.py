@@ -1,0 +1,163 @@
+"""torchrun + FSDP2 for train.py: process group set-up, sharding, collectives, the full-weight gather
+for the engine, and the sharded checkpoint (torch.distributed.checkpoint) with its HF export.
+
+A plain CPU run never joins a process group: every function here is then a no-op or the plain
+single-process version, so train.py reads the same either way.
+"""
+import dataclasses
+import datetime
+import json
+import os
+import random
+import shutil
+import sys
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from rollout import HFEngine
+
+_DIST = False  # set by setup_dist; not dist.is_initialized(): an in-process vLLM makes its own group
+
+
+def dist_on():
+    """Did this process join a torchrun / FSDP2 process group (setup_dist)?"""
+    return _DIST
+
+
+def setup_dist(cfg):
+    """-> (rank, world, device). Under torchrun (RANK set): NCCL on GPU, gloo on CPU. A plain
+    `python train.py` on a GPU is rank 0 of a world of 1, so it takes the same FSDP2 (bf16) path;
+    on CPU it stays a plain single process."""
+    cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+    if "RANK" not in os.environ and not cuda:
+        return 0, 1, torch.device("cpu")
+    if "RANK" not in os.environ:
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=os.environ.get("MASTER_PORT", "29511"))
+    device = torch.device(f"cuda:{int(os.environ['LOCAL_RANK'])}" if cuda else "cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    # rank 0 evaluates (ALFWorld: many minutes) while the others wait at a barrier: a long timeout
+    dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None,
+                            timeout=datetime.timedelta(hours=2))
+    global _DIST
+    _DIST = True
+    return dist.get_rank(), dist.get_world_size(), device
+
+
+def all_reduce(x, op="sum"):
+    """A float/int (or tensor) summed or maxed over ranks; itself when not distributed."""
+    if not _DIST:
+        return x
+    t = torch.as_tensor(x, dtype=torch.float64, device="cuda" if dist.get_backend() == "nccl" else "cpu")
+    dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
+    return t.item() if not torch.is_tensor(x) else t
+
+
+def shard(model, device, grad_ckpt=False):
+    """FSDP2: each decoder layer is its own unit, then the root (embeddings, head). On GPU, bf16
+    parameters and compute with fp32 gradient reduction; the sharded fp32 master weights are what
+    AdamW updates, so its state is fp32 too. A no-op without a process group (plain CPU run)."""
+    if grad_ckpt:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if not _DIST:
+        return model
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
+        if device.type == "cuda" else MixedPrecisionPolicy()
+    for layer in model.model.layers:
+        fully_shard(layer, mp_policy=mp)
+    return fully_shard(model, mp_policy=mp)
+
+
+def full_parameters(model):
+    """(name, full tensor) per parameter, gathered one at a time from the shards (never a whole
+    state dict on one rank): every rank must walk this in the same order (it is collective)."""
+    for name, p in model.named_parameters():
+        yield name, (p.full_tensor() if hasattr(p, "full_tensor") else p).detach()
+
+
+# ---- checkpoints: one resumable checkpoint (sharded) + HF export ----
+RESUME_FREE = {"resume", "iterations", "eval_every", "threads", "env_workers", "wandb", "device", "out_dir"}
+
+
+def _swap_in(tmp, final):
+    """Replace `final` by `tmp` so that one complete copy always exists on disk."""
+    old = final + ".old"
+    if os.path.exists(final):
+        os.replace(final, old)
+    os.replace(tmp, final)
+    if os.path.exists(old):
+        shutil.rmtree(old)
+
+
+def save(model, tok, opt, sched, cfg, it, rank, gen_model=None):
+    """out_dir/ckpt (model + optimizer shards of every rank, iteration, config, scheduler, per-rank
+    RNG) and out_dir/model (HF format: transformers and vLLM load it as is). Each is written under a
+    temp name then swapped in, so a crash mid-write never destroys the last good one."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict, StateDictOptions
+    tmp, final = os.path.join(cfg.out_dir, "ckpt.tmp"), os.path.join(cfg.out_dir, "ckpt")
+    if rank == 0 and os.path.exists(tmp):
+        shutil.rmtree(tmp)
+    barrier()
+    msd, osd = get_state_dict(model, opt)
+    dcp.save({"model": msd, "optim": osd}, checkpoint_id=tmp)
+    torch.save({"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()},
+               os.path.join(tmp, f"rng{rank}.pt"))
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if rank == 0:
+        with open(os.path.join(tmp, "meta.json"), "w") as f:
+            json.dump({"iteration": it, "config": dataclasses.asdict(cfg), "sched": sched.state_dict()}, f)
+        tmp_hf = os.path.join(cfg.out_dir, "model.tmp")
+        from transformers.utils import logging as hf_logging
+        hf_logging.disable_progress_bar()
+        (gen_model or model).save_pretrained(tmp_hf, state_dict=full)
+        tok.save_pretrained(tmp_hf)
+        _swap_in(tmp, final)
+        _swap_in(tmp_hf, os.path.join(cfg.out_dir, "model"))
+    barrier()
+
+
+def check_resume(cfg):
+    """--resume: out_dir/ckpt must exist and come from the same config (bar RESUME_FREE fields)."""
+    path = os.path.join(cfg.out_dir, "ckpt", "meta.json")
+    if not os.path.exists(path):
+        sys.exit(f"error: --resume but {path} does not exist; drop --resume or point --out_dir at a run")
+    meta = json.load(open(path))
+    diff = [f"--{k} {meta['config'].get(k)!r} -> {v!r}" for k, v in dataclasses.asdict(cfg).items()
+            if k not in RESUME_FREE and meta["config"].get(k) != v]
+    if diff:
+        sys.exit(f"error: --resume: {cfg.out_dir} was trained with another config ({'; '.join(diff)}); "
+                 f"use the same flags or another --out_dir")
+    return meta
+
+
+def load_checkpoint(model, opt, sched, cfg, rank, meta):
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    path = os.path.join(cfg.out_dir, "ckpt")
+    msd, osd = get_state_dict(model, opt)
+    state = {"model": msd, "optim": osd}
+    dcp.load(state, checkpoint_id=path)
+    set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    sched.load_state_dict(meta["sched"])
+    rng_file = os.path.join(path, f"rng{rank}.pt")
+    if os.path.exists(rng_file):
+        rng = torch.load(rng_file, weights_only=False)
+        torch.set_rng_state(rng["torch"]), random.setstate(rng["python"]), np.random.set_state(rng["numpy"])
+    return meta["iteration"]
+
+
+def finish_dist(engine):
+    """Leave the process group; a vLLM engine tears the groups down itself at exit (destroying them
+    first makes its shutdown fail)."""
+    if _DIST and isinstance(engine, HFEngine):
+        dist.destroy_process_group()
+
+
+def barrier():
+    if _DIST:
+        dist.barrier()
