@@ -61,7 +61,7 @@ def flops(model_cfg, samples, backward):
 def run(args, rank, world, device, log):
     from transformers import Qwen2Config, Qwen2ForCausalLM
     mcfg = Qwen2Config(**SHAPES[args.shape], max_position_embeddings=32768, rope_theta=1e6,
-                       attn_implementation="sdpa")
+                       attn_implementation=args.attn)
     torch.manual_seed(0)
     with torch.device(device):
         model = Qwen2ForCausalLM(mcfg)
@@ -81,6 +81,8 @@ def run(args, rank, world, device, log):
     few = samples[:max(2, len(samples) // 16)]
     old = train.score(model, few, cfg, device, 0, False)
     train.update(model, opt, sched, few, old, None, adv, cfg, device, 0, False)
+    if args.profile:
+        profile(model, opt, sched, samples, cfg, device, log)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     sync()
@@ -115,6 +117,24 @@ def run(args, rank, world, device, log):
             f"{time.perf_counter() - t0:.2f} s")
 
 
+def profile(model, opt, sched, samples, cfg, device, log):
+    """Where the time of one update goes: torch.profiler over the update of the first micro-batch's
+    worth of samples, the top kernels/ops by device (or CPU) self time."""
+    from torch.profiler import ProfilerActivity, profile as prof
+    mb = train.micro_batches(samples, range(len(samples)), cfg.micro_batch_tokens, False)[0]
+    few = [samples[i] for i in mb]
+    old = train.score(model, few, cfg, device, 0, False)
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with prof(activities=acts) as p:
+        train.update(model, opt, sched, few, old, None, [0.5] * len(few), cfg, device, 0, False)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+    key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    log(f"profile: update of one micro-batch ({len(few)} samples, "
+        f"{sum(len(s.prompt_ids) + len(s.response_ids) for s in few)} tokens)")
+    log(p.key_averages().table(sort_by=key, row_limit=15, max_name_column_width=60))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shape", choices=sorted(SHAPES), default="1.5b")
@@ -124,6 +144,8 @@ def main():
     ap.add_argument("--micro_batch_tokens", type=int, default=16384)
     ap.add_argument("--grad_ckpt", type=int, default=0)
     ap.add_argument("--gather", type=int, default=1, help="also time the weight gather into an engine copy")
+    ap.add_argument("--attn", default="sdpa", help="transformers attn_implementation: sdpa | eager | flex_attention")
+    ap.add_argument("--profile", type=int, default=0, help="also print torch.profiler's top kernels of one micro-batch")
     ap.add_argument("--peak_tflops", type=float, default=0.0, help="bf16 peak per GPU (H200 measured: ~790)")
     args = ap.parse_args()
     rank, world, device = fsdp.setup_dist(train.Config())

@@ -10,7 +10,7 @@ import random
 import numpy as np
 from tqdm import tqdm
 
-from envs import ENVS, GroupedEnvs
+from envs import ENVS, GroupedEnvs, parse_env_args
 from memory import make_memory
 from rollout import rollout
 
@@ -37,7 +37,8 @@ def eval_what(cfg):
 def eval_envs_for(cfg, envs, kwargs, seeds):
     """A named set gets its own envs (one group of 1 per game, closed after use); the held-out seeds
     are played on `envs`, made once in main()."""
-    return GroupedEnvs(cfg.env, len(seeds), 1, workers=cfg.env_workers, **kwargs) if kwargs else envs
+    return GroupedEnvs(cfg.env, len(seeds), 1, workers=cfg.env_workers,
+                       **{**parse_env_args(cfg.env, cfg.env_args), **kwargs}) if kwargs else envs
 
 
 def evaluate(tok, cfg, envs, prompt, engine):

@@ -24,7 +24,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 import gigpo
-from envs import ENVS, GroupedEnvs
+from envs import ENVS, GroupedEnvs, make_env, parse_env_args
 from memory import MEMORIES, make_memory
 from prompts import prompt_module
 from evaluate import eval_plan, eval_what, evaluate, random_policy_success
@@ -37,6 +37,7 @@ from rollout import HFEngine, make_engine, rollout, sync_weights
 class Config:
     # env, memory, groups
     env: str = "treasure"          # env name, see envs/__init__.py
+    env_args: str = ""             # env constructor arguments, e.g. "size=6,walls=3,progress=0" (treasure)
     memory: str = "none"           # none | window | full | visited (memory.py); the game is Markov
     memory_k: int = 0              # window length / positions shown; 0 = the memory's default (window: 2)
     n_groups: int = 32             # episode groups per iteration (paper: 16)
@@ -136,6 +137,12 @@ def check_config(cfg):
         sys.exit(f"error: {msg}")
     if cfg.env not in ENVS:
         bad(f"unknown env {cfg.env!r}: use --env with one of {sorted(ENVS)}")
+    try:
+        env_args = parse_env_args(cfg.env, cfg.env_args)
+        if env_args and cfg.env == "treasure":  # cheap to build: check the values too
+            make_env(cfg.env, **env_args)
+    except (ValueError, TypeError) as e:
+        bad(str(e) if str(e).startswith("--env_args") else f"--env_args {cfg.env_args!r}: {e}")
     if cfg.memory not in MEMORIES:
         bad(f"unknown memory {cfg.memory!r}: use --memory with one of {sorted(MEMORIES)}")
     if cfg.algo not in ("gigpo", "grpo", "rloo"):
@@ -332,7 +339,8 @@ def main(argv=None):
     prompt = prompt_module(cfg.env)
     local_groups = cfg.n_groups // world                  # this rank's groups: rank * local_groups + j
     # the held-out seeds' envs (named eval sets, e.g. ALFWorld's splits, make their own in evaluate)
-    eval_envs = GroupedEnvs(cfg.env, cfg.eval_episodes, 1, workers=cfg.env_workers) \
+    env_args = parse_env_args(cfg.env, cfg.env_args)
+    eval_envs = GroupedEnvs(cfg.env, cfg.eval_episodes, 1, workers=cfg.env_workers, **env_args) \
         if rank == 0 and "held-out" in eval_plan(cfg) else None
     if cfg.eval_only:
         model, tok = load_model(cfg, device)
@@ -342,7 +350,7 @@ def main(argv=None):
         eval_envs and eval_envs.close()
         finish_dist(engine)
         return eval_success
-    envs = GroupedEnvs(cfg.env, local_groups, cfg.group_size, workers=cfg.env_workers)
+    envs = GroupedEnvs(cfg.env, local_groups, cfg.group_size, workers=cfg.env_workers, **env_args)
     max_steps = getattr(envs.envs[0], "max_steps", None) if envs.workers == 0 else None
 
     # the batch arithmetic, printed once

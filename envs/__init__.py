@@ -21,6 +21,25 @@ def env_class(name):
     return getattr(importlib.import_module(module), cls)
 
 
+def parse_env_args(name, text):
+    """--env_args "size=6,walls=3" -> {"size": 6, "walls": 3}; the keys must be the env's constructor
+    arguments (ValueError naming the flag otherwise). Values are Python literals, else strings."""
+    import ast
+    import inspect
+    known = set(inspect.signature(env_class(name)).parameters)
+    out = {}
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        key, eq, value = item.partition("=")
+        if not eq or key.strip() not in known:
+            raise ValueError(f"--env_args {text!r}: {item!r} is not key=value with a key of {name}'s "
+                             f"arguments ({', '.join(sorted(known))})")
+        try:
+            out[key.strip()] = ast.literal_eval(value.strip())
+        except (ValueError, SyntaxError):
+            out[key.strip()] = value.strip()
+    return out
+
+
 def make_env(name, **kwargs):
     return env_class(name)(**{**ENVS[name][2], **kwargs})
 

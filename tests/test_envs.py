@@ -8,7 +8,7 @@ from prompts.treasure import parse
 
 
 def test_treasure_moves_and_borders():
-    env = TreasureHunt(size=5, max_steps=10)
+    env = TreasureHunt(size=5, max_steps=10, progress=0.0)   # the sparse game
     obs, info = env.reset(seed=1)
     env.pos, env.treasure = (0, 0), (2, 1)
     assert env.step("up")[0].startswith("at (0, 0)")       # border: stays
@@ -19,6 +19,20 @@ def test_treasure_moves_and_borders():
     assert (r, term) == (0.0, False)
     obs, r, term, trunc, info = env.step("down")            # (2, 1) = treasure
     assert (r, term, trunc, info["won"]) == (1.0, True, False, True)
+
+
+def test_treasure_progress_reward():
+    """+progress per step towards the treasure, -progress away, 0 for a bump; 1 more on the win."""
+    env = TreasureHunt(size=5, max_steps=10, progress=0.1)
+    env.reset(seed=1)
+    env.pos, env.treasure = (0, 0), (1, 1)
+    rewards = [env.step(a)[1] for a in ("up", "right", "left", "dance", "right", "down")]
+    assert rewards == pytest.approx([0.0, 0.1, -0.1, 0.0, 0.1, 1.1])
+    # a whole episode's progress sums to progress x (start distance - end distance): potential-based
+    env.reset(seed=2)
+    env.pos, env.treasure = (4, 4), (0, 0)
+    total = sum(env.step(a)[1] for a in ("up", "left", "down", "up", "up"))
+    assert total == pytest.approx(0.1 * (8 - 5))
 
 
 def test_treasure_truncates_and_has_no_step_counter():

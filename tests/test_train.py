@@ -22,6 +22,8 @@ def run_train(*args, timeout=600):
     (["--mini_batch", "0"], "--mini_batch"),
     (["--micro_batch_tokens", "0"], "--micro_batch_tokens"),
     (["--lr", "fast"], "--lr wants a float"),
+    (["--env_args", "size=5,colour=red"], "--env_args"),
+    (["--env_args", "size=1"], "--env_args"),
     (["--iterations"], "needs a value"),
 ])
 def test_bad_input_is_one_line_before_work(args, words):
@@ -36,7 +38,8 @@ def test_two_iterations_end_to_end(tmp_path):
     out = tmp_path / "run"
     r = run_train("--iterations", "2", "--eval_every", "1", "--n_groups", "4", "--group_size", "4",
                   "--eval_episodes", "16", "--mini_batch", "32", "--micro_batch_tokens", "64",
-                  "--kl_coef", "0.01", "--entropy_coef", "0.001", "--out_dir", str(out))
+                  "--kl_coef", "0.01", "--entropy_coef", "0.001", "--env_args", "max_steps=4",
+                  "--out_dir", str(out))
     assert r.returncode == 0, r.stderr[-2000:]
     last = r.stdout.strip().splitlines()[-1]
     assert last.startswith("held-out success") and "random policy" in last
@@ -48,7 +51,8 @@ def test_two_iterations_end_to_end(tmp_path):
                 "samples_per_s", "eval_success"):
         assert key in rows[-1], key
     assert rows[-1]["kl_ref"] >= 0 and rows[-1]["logp_gap"] < 1e-3
-    assert rows[-1]["optimizer_steps"] >= 2          # ~60 samples / mini-batch 32
+    assert rows[-1]["optimizer_steps"] >= 2          # ~30-60 samples / mini-batch 32
+    assert max(m["episode_length"] for m in rows) <= 4 < 10   # --env_args reached the envs
     # the HF export loads as is, and the checkpoint has what resume needs
     from transformers import AutoModelForCausalLM, AutoTokenizer
     AutoModelForCausalLM.from_pretrained(out / "model")
