@@ -60,13 +60,15 @@ def flops(model_cfg, samples, backward):
 
 def run(args, rank, world, device, log):
     from transformers import Qwen2Config, Qwen2ForCausalLM
+    attn = fsdp.attn_implementation(device) if args.attn == "auto" else args.attn   # as train.py
+    packed = attn in fsdp.PACKED_ATTN
     mcfg = Qwen2Config(**SHAPES[args.shape], max_position_embeddings=32768, rope_theta=1e6,
-                       attn_implementation=args.attn)
+                       attn_implementation=attn)
     torch.manual_seed(0)
     with torch.device(device):
         model = Qwen2ForCausalLM(mcfg)
     n_params = sum(p.numel() for p in model.parameters())
-    log(f"model {args.shape}: {n_params / 1e9:.2f}B parameters, world {world}, device {device}")
+    log(f"model {args.shape}: {n_params / 1e9:.2f}B parameters, world {world}, device {device}, attention {attn}")
     cfg = train.Config(micro_batch_tokens=args.micro_batch_tokens, mini_batch=args.samples, grad_ckpt=args.grad_ckpt,
                        lr=1e-6, dual_clip=3.0)
     engine = HFEngine(model, None, own_copy=torch.bfloat16) if args.gather else None
@@ -79,18 +81,18 @@ def run(args, rank, world, device, log):
 
     # warm-up on a few samples (kernels, allocator), then one measured score + update on all of them
     few = samples[:max(2, len(samples) // 16)]
-    old = train.score(model, few, cfg, device, 0, False)
-    train.update(model, opt, sched, few, old, None, adv, cfg, device, 0, False)
+    old = train.score(model, few, cfg, device, 0, packed)
+    train.update(model, opt, sched, few, old, None, adv, cfg, device, 0, packed)
     if args.profile:
-        profile(model, opt, sched, samples, cfg, device, log)
+        profile(model, opt, sched, samples, cfg, device, log, packed)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     sync()
     t0 = time.perf_counter()
-    old = train.score(model, samples, cfg, device, 0, False)
+    old = train.score(model, samples, cfg, device, 0, packed)
     sync()
     t1 = time.perf_counter()
-    stats = train.update(model, opt, sched, samples, old, None, adv, cfg, device, 0, False)
+    stats = train.update(model, opt, sched, samples, old, None, adv, cfg, device, 0, packed)
     sync()
     t2 = time.perf_counter()
     f_fwd, tokens = flops(mcfg, samples, backward=False)
@@ -117,16 +119,16 @@ def run(args, rank, world, device, log):
             f"{time.perf_counter() - t0:.2f} s")
 
 
-def profile(model, opt, sched, samples, cfg, device, log):
+def profile(model, opt, sched, samples, cfg, device, log, packed):
     """Where the time of one update goes: torch.profiler over the update of the first micro-batch's
     worth of samples, the top kernels/ops by device (or CPU) self time."""
     from torch.profiler import ProfilerActivity, profile as prof
-    mb = train.micro_batches(samples, range(len(samples)), cfg.micro_batch_tokens, False)[0]
+    mb = train.micro_batches(samples, range(len(samples)), cfg.micro_batch_tokens, packed)[0]
     few = [samples[i] for i in mb]
-    old = train.score(model, few, cfg, device, 0, False)
+    old = train.score(model, few, cfg, device, 0, packed)
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with prof(activities=acts) as p:
-        train.update(model, opt, sched, few, old, None, [0.5] * len(few), cfg, device, 0, False)
+        train.update(model, opt, sched, few, old, None, [0.5] * len(few), cfg, device, 0, packed)
         if device.type == "cuda":
             torch.cuda.synchronize()
     key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
@@ -144,7 +146,7 @@ def main():
     ap.add_argument("--micro_batch_tokens", type=int, default=16384)
     ap.add_argument("--grad_ckpt", type=int, default=0)
     ap.add_argument("--gather", type=int, default=1, help="also time the weight gather into an engine copy")
-    ap.add_argument("--attn", default="sdpa", help="transformers attn_implementation: sdpa | eager | flex_attention")
+    ap.add_argument("--attn", default="auto", help="auto (as train.py: fsdp.attn_implementation) | sdpa | eager | ...")
     ap.add_argument("--profile", type=int, default=0, help="also print torch.profiler's top kernels of one micro-batch")
     ap.add_argument("--peak_tflops", type=float, default=0.0, help="bf16 peak per GPU (H200 measured: ~790)")
     args = ap.parse_args()

@@ -1,5 +1,6 @@
-"""torchrun + FSDP2 for train.py: process group set-up, sharding, collectives, the full-weight gather
-for the engine, and the sharded checkpoint (torch.distributed.checkpoint) with its HF export.
+"""torchrun + FSDP2 for train.py: the attention kernel on GPU, process group set-up, sharding,
+collectives, the full-weight gather for the engine, and the sharded checkpoint
+(torch.distributed.checkpoint) with its HF export.
 
 A plain CPU run never joins a process group: every function here is then a no-op or the plain
 single-process version, so train.py reads the same either way.
@@ -17,6 +18,43 @@ import torch
 import torch.distributed as dist
 
 from rollout import HFEngine
+
+PACKED_ATTN = ("flash_attention_2", "torch_varlen")   # implementations that take packed rows
+
+
+# ---- attention for the update on GPU: which kernel, and packed (varlen) sequences without flash-attn ----
+def attn_implementation(device):
+    """flash-attn 2 where it is installed, else torch's own varlen flash kernel (torch >= 2.10), both
+    on packed rows; else SDPA on left-padded rows. On CUDA, cuDNN's SDPA is turned off: with a
+    padding mask it spent ~25 ms of CPU per call on an H200 (GPU idle), the mem-efficient kernel not."""
+    if device.type != "cuda":
+        return "sdpa"
+    torch.backends.cuda.enable_cudnn_sdp(False)
+    import importlib.util
+    if importlib.util.find_spec("flash_attn") is not None:
+        return "flash_attention_2"
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return "sdpa"
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
+    AttentionInterface.register("torch_varlen", _varlen_attention)
+    AttentionMaskInterface.register("torch_varlen", flash_attention_mask)   # no mask: cu_seq_lens say it
+    return "torch_varlen"
+
+
+def _varlen_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kw):
+    """A transformers attention function for one packed row: q (1, Hq, T, D), k/v (1, Hkv, T, D)
+    and cu_seq_lens_q/k (make_batch) -> causal attention within each sequence, (1, T, Hq, D)."""
+    from torch.nn.attention.varlen import varlen_attn
+    q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))               # (T, H, D)
+    if k.shape[1] != q.shape[1]:                                                 # GQA
+        k, v = (x.repeat_interleave(q.shape[1] // x.shape[1], dim=1) for x in (k, v))
+    out = varlen_attn(q, k, v, kw["cu_seq_lens_q"], kw["cu_seq_lens_k"], kw["max_length_q"],
+                      kw["max_length_k"], scale=scaling, window_size=(-1, 0))      # (-1, 0) = causal
+    return out[None], None
+
 
 _DIST = False  # set by setup_dist; not dist.is_initialized(): an in-process vLLM makes its own group
 

@@ -28,7 +28,7 @@ from envs import ENVS, GroupedEnvs, make_env, parse_env_args
 from memory import MEMORIES, make_memory
 from prompts import prompt_module
 from evaluate import eval_plan, eval_what, evaluate, random_policy_success
-from fsdp import (all_reduce, check_resume, dist_on, finish_dist, full_parameters, load_checkpoint, save,
+from fsdp import (PACKED_ATTN, all_reduce, attn_implementation, check_resume, dist_on, finish_dist, full_parameters, load_checkpoint, save,
                   setup_dist, shard)
 from rollout import HFEngine, make_engine, rollout, sync_weights
 
@@ -181,13 +181,11 @@ def load_model(cfg, device):
         from tiny import build_tiny
         model, tok = build_tiny(cfg.env, cfg.tiny_hidden, cfg.tiny_layers, cfg.tiny_heads, seed=cfg.seed)
     else:
-        import importlib.util
         from transformers import AutoModelForCausalLM, AutoTokenizer
-        # fp32 master weights (FSDP2 computes in bf16 on GPU); flash-attn 2 (packed, varlen) where it is
-        flash = device.type == "cuda" and importlib.util.find_spec("flash_attn") is not None
+        # fp32 master weights (FSDP2 computes in bf16 on GPU); packed varlen attention on GPU (fsdp.py)
         tok = AutoTokenizer.from_pretrained(cfg.model)
         model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32,
-                                                     attn_implementation="flash_attention_2" if flash else "sdpa")
+                                                     attn_implementation=attn_implementation(device))
         if tok.pad_token_id is None:
             tok.pad_token = tok.eos_token
     return model.to(device), tok
@@ -223,8 +221,11 @@ def make_batch(samples, idx, pad_id, packed):
         ends = np.cumsum([len(s) for s in seqs])
         keep = torch.tensor([e - r - 1 + k for e, r in zip(ends, resp) for k in range(r)])
         ids = torch.tensor([[t for s in seqs for t in s]])
+        cu = torch.tensor([0, *ends], dtype=torch.int32)              # sequence boundaries, for varlen
+        longest = max(len(s) for s in seqs)
         inputs = dict(input_ids=ids, position_ids=torch.tensor([[p for s in seqs for p in range(len(s))]]),
-                      logits_to_keep=keep)
+                      logits_to_keep=keep, cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=longest,
+                      max_length_k=longest)
         rows, cols, targets = torch.zeros_like(keep), torch.arange(len(keep)), ids[0, keep + 1]
     else:
         W, K = max(len(s) for s in seqs), max(resp)
@@ -362,7 +363,7 @@ def main(argv=None):
            f"<= {cfg.max_response_tokens} response tokens/sample")
 
     model, tok = load_model(cfg, device)
-    packed = getattr(model.config, "_attn_implementation", "") == "flash_attention_2"
+    packed = getattr(model.config, "_attn_implementation", "") in PACKED_ATTN
     distributed = dist_on()
     # sharded training weights: a transformers engine gets its own full copy (FSDP2 all-gathers on
     # every forward, so generating from the sharded module would hang as soon as ranks play

@@ -6,9 +6,11 @@ import subprocess
 import sys
 import time
 
+import pytest
 import torch
 
 import train
+from rollout import Sample
 from tiny import build_tiny
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -31,6 +33,35 @@ def test_packed_and_padded_micro_batches_give_the_same_log_probs():
     assert padded[0].shape == (sum(len(s.response_ids) for s in samples),)
     assert torch.allclose(padded[0], one, atol=1e-5) and torch.allclose(packed[0], one, atol=1e-5)
     assert torch.allclose(padded[1], packed[1], atol=1e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="torch's varlen attention needs a CUDA GPU")
+def test_gpu_packed_varlen_and_padded_sdpa_give_the_same_loss():
+    """On GPU the update packs rows for torch's varlen flash kernel (fsdp.attn_implementation); the
+    padded SDPA path must give the same per-token log-probs and the same loss, within bf16 noise."""
+    import random
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from fsdp import attn_implementation
+    dev = torch.device("cuda")
+    impl = attn_implementation(dev)
+    if impl == "sdpa":
+        pytest.skip("no packed attention kernel in this torch (needs torch >= 2.10 or flash-attn)")
+    cfg = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2, vocab_size=1000)
+    torch.manual_seed(0)
+    padded_model = Qwen2ForCausalLM(Qwen2Config(**cfg, attn_implementation="sdpa")).to(dev, torch.bfloat16)
+    packed_model = Qwen2ForCausalLM(Qwen2Config(**cfg, attn_implementation=impl)).to(dev, torch.bfloat16)
+    packed_model.load_state_dict(padded_model.state_dict())
+    rng = random.Random(0)
+    samples = [Sample([rng.randrange(1000) for _ in range(rng.randint(20, 200))],
+                            [rng.randrange(1000) for _ in range(rng.randint(1, 40))], [], 0.0, False, True,
+                            0, i, "", 0) for i in range(12)]
+    idx = list(range(len(samples)))
+    lp_pad, _ = train.response_logprobs(padded_model, train.make_batch(samples, idx, 0, False), dev)
+    lp_pack, _ = train.response_logprobs(packed_model, train.make_batch(samples, idx, 0, True), dev)
+    assert lp_pad.shape == lp_pack.shape == (sum(len(s.response_ids) for s in samples),)
+    diff = (lp_pad - lp_pack).abs()    # a mask leaking across packed sequences would be ~0.1-1 per token
+    assert diff.max() < 0.1 and diff.mean() < 0.01 and abs(lp_pad.mean() - lp_pack.mean()) < 2e-3
 
 
 def test_micro_batches_respect_the_token_budget():
