@@ -105,16 +105,41 @@ def shard(model, device, grad_ckpt=False):
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
         if device.type == "cuda" else MixedPrecisionPolicy()
-    for layer in model.model.layers:
+    for layer in getattr(model, "get_base_model", lambda: model)().model.layers:
         fully_shard(layer, mp_policy=mp)
     return fully_shard(model, mp_policy=mp)
 
 
+def add_lora(model, rank):
+    """LoRA adapters (peft) of this rank on every linear layer of the decoder, alpha = 2 x rank; the
+    base weights freeze. The KL reference is then the same model with its adapters off."""
+    from peft import LoraConfig, get_peft_model
+    return get_peft_model(model, LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0,
+                                            target_modules="all-linear"))
+
+
+def _full(p):
+    return (p.full_tensor() if hasattr(p, "full_tensor") else p).detach()
+
+
 def full_parameters(model):
-    """(name, full tensor) per parameter, gathered one at a time from the shards (never a whole
-    state dict on one rank): every rank must walk this in the same order (it is collective)."""
-    for name, p in model.named_parameters():
-        yield name, (p.full_tensor() if hasattr(p, "full_tensor") else p).detach()
+    """(HF name, full tensor) per parameter, gathered one at a time from the shards (never a whole
+    state dict on one rank): every rank must walk this in the same order (it is collective). With
+    LoRA, each adapted weight comes merged, W + (alpha / r) B A, under the base model's name."""
+    if not hasattr(model, "get_base_model"):
+        for name, p in model.named_parameters():
+            yield name, _full(p)
+        return
+    base = model.get_base_model()
+    lora = {f"{n}.base_layer.weight": m for n, m in base.named_modules() if "default" in getattr(m, "lora_A", {})}
+    for name, p in base.named_parameters():
+        if ".lora_" in name:
+            continue
+        w = _full(p)
+        if name in lora:
+            m = lora[name]
+            w = w + m.scaling["default"] * (_full(m.lora_B["default"].weight) @ _full(m.lora_A["default"].weight)).to(w.dtype)
+        yield name.replace(".base_layer.", "."), w
 
 
 # ---- checkpoints: one resumable checkpoint (sharded) + HF export ----
@@ -145,7 +170,11 @@ def save(model, tok, opt, sched, cfg, it, rank, gen_model=None):
     dcp.save({"model": msd, "optim": osd}, checkpoint_id=tmp)
     torch.save({"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()},
                os.path.join(tmp, f"rng{rank}.pt"))
-    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if hasattr(model, "get_base_model"):   # LoRA: the export holds the merged weights, HF names
+        full = {name: w.cpu() for name, w in full_parameters(model)}
+        gen_model = gen_model or model.get_base_model()
+    else:
+        full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if rank == 0:
         with open(os.path.join(tmp, "meta.json"), "w") as f:
             json.dump({"iteration": it, "config": dataclasses.asdict(cfg), "sched": sched.state_dict()}, f)

@@ -49,6 +49,12 @@ class HFEngine:
             import copy
             self.model = copy.deepcopy(model).to(own_copy).eval().requires_grad_(False)
 
+    def sleep(self):   # nothing to hand over: the update needs the weights this engine reads
+        pass
+
+    def wake(self):
+        pass
+
     @torch.no_grad()
     def generate(self, prompts, temperature=1.0, top_p=1.0, max_tokens=16):
         model, pad, eos = self.model, self.tok.pad_token_id, self.tok.eos_token_id
@@ -99,6 +105,7 @@ class VLLMEngine:
         folder = tempfile.mkdtemp(prefix="vllm-config-")
         model.config.save_pretrained(folder)
         cpu = next(model.parameters()).device.type == "cpu"
+        self.gpu = not cpu
         # vLLM seeds torch/random/numpy globally and makes torch.set_num_threads a no-op when it
         # starts in-process: keep the trainer's RNG streams and thread count (--threads) as they were
         rng, threads, set_threads = (torch.get_rng_state(), random.getstate(), np.random.get_state()), \
@@ -107,7 +114,7 @@ class VLLMEngine:
             self.llm = LLM(folder, skip_tokenizer_init=True, load_format="dummy", dtype=model.dtype,
                            enforce_eager=True, logprobs_mode="processed_logprobs", generation_config="vllm",
                            kv_cache_memory_bytes=kv_cache_mb << 20 if cpu else None,
-                           gpu_memory_utilization=gpu_memory_utilization)
+                           gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=not cpu)
         finally:
             torch.set_num_threads = set_threads
             set_threads(threads)
@@ -118,6 +125,16 @@ class VLLMEngine:
         self.tied = (names[embed] + ".weight", names[head] + ".weight") if tied else (None, None)
         sync_weights(self, model.state_dict().items())
         self.generate([[eos_id]], temperature=0, max_tokens=1)  # some rejections (head size) come only now
+
+    def sleep(self):
+        """GPU: hand the engine's memory to the update (vLLM sleep level 1: KV cache freed, weights
+        moved to CPU memory); wake() takes it back before the next sync_weights. CPU: nothing to free."""
+        if self.gpu:
+            self.llm.sleep(level=1)
+
+    def wake(self):
+        if self.gpu:
+            self.llm.wake_up()
 
     def generate(self, prompts, temperature=1.0, top_p=1.0, max_tokens=16):
         params = self.SamplingParams(temperature=temperature, top_p=top_p, max_tokens=max_tokens,

@@ -28,7 +28,7 @@ from envs import ENVS, GroupedEnvs, make_env, parse_env_args
 from memory import MEMORIES, make_memory
 from prompts import prompt_module
 from evaluate import eval_plan, eval_what, evaluate, random_policy_success
-from fsdp import (PACKED_ATTN, all_reduce, attn_implementation, check_resume, dist_on, finish_dist, full_parameters, load_checkpoint, save,
+from fsdp import (PACKED_ATTN, add_lora, all_reduce, attn_implementation, check_resume, dist_on, finish_dist, full_parameters, load_checkpoint, save,
                   setup_dist, shard)
 from rollout import HFEngine, make_engine, rollout, sync_weights
 
@@ -76,6 +76,7 @@ class Config:
     mini_batch: int = 512          # step samples per optimizer step (paper: 256)
     micro_batch_tokens: int = 8192 # tokens per forward/backward (padded rows, or packed with flash-attn)
     grad_ckpt: bool = False        # activation checkpointing (saves memory on big models, costs ~1/3 more compute)
+    lora_rank: int = 0             # > 0: train LoRA adapters of this rank (peft, all linear layers) instead of all weights
     # evaluation, logging, io
     eval_every: int = 5            # greedy eval on held-out seeds every k iterations (and at the end)
     eval_episodes: int = 256       # held-out seeds 10**9 + [0, n): the same set every run
@@ -157,6 +158,12 @@ def check_config(cfg):
         bad("--n_groups, --iterations and --max_response_tokens must be >= 1")
     if cfg.mini_batch < 1 or cfg.micro_batch_tokens < 1:
         bad(f"--mini_batch {cfg.mini_batch} and --micro_batch_tokens {cfg.micro_batch_tokens} must be >= 1")
+    if cfg.lora_rank < 0:
+        bad(f"--lora_rank {cfg.lora_rank} must be >= 0 (0 = full fine-tuning)")
+    if cfg.lora_rank:
+        import importlib.util
+        if importlib.util.find_spec("peft") is None:
+            bad("--lora_rank needs the package 'peft': pip install -r requirements.txt")
     if not 0 <= cfg.similarity <= 1:
         bad(f"--similarity {cfg.similarity} must be in [0, 1] (0 = exact anchor match)")
     if cfg.engine not in ("auto", "hf", "vllm"):
@@ -371,12 +378,16 @@ def main(argv=None):
     own_copy = (torch.bfloat16 if device.type == "cuda" else torch.float32) if distributed else None
     engine = make_engine(cfg.engine, model, tok, cfg.kv_cache_mb, cfg.gpu_memory_utilization, own_copy)
     gen_model = engine.model if isinstance(engine, HFEngine) and engine.owns else None
-    ref = copy.deepcopy(model).eval().requires_grad_(False) if cfg.kl_coef > 0 else None
-    print0(f"model: {cfg.model}, {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, "
+    if cfg.lora_rank:   # after the engine is built from the plain model; the KL reference = adapters off
+        model = add_lora(model, cfg.lora_rank)
+    ref = copy.deepcopy(model).eval().requires_grad_(False) if cfg.kl_coef > 0 and not cfg.lora_rank else None
+    lora = f" ({sum(p.numel() for p in model.parameters() if p.requires_grad) / 1e6:.3f}M in LoRA adapters)" \
+        if cfg.lora_rank else ""
+    print0(f"model: {cfg.model}, {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters{lora}, "
            f"vocab {len(tok)}, device {device}{f', FSDP2 over {world} rank(s)' if distributed else ''}")
     model = shard(model, device, cfg.grad_ckpt)
     ref = shard(ref, device) if ref is not None else None
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=cfg.weight_decay,
                             fused=device.type == "cuda")
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda it: cfg.lr_min + (1 - cfg.lr_min) * 0.5 * (
         1 + math.cos(math.pi * min(it, cfg.iterations) / cfg.iterations)))
@@ -424,16 +435,23 @@ def main(argv=None):
         adv_stats = gigpo.advantage_stats(scores, groups, step_groups)
 
         t0 = time.perf_counter()
+        engine.sleep()                                  # vLLM on GPU: its memory goes to the update
+        t_sleep = time.perf_counter() - t0
+        t0 = time.perf_counter()
         old = score(model, samples, cfg, device, tok.pad_token_id, packed)
         ref_lp = score(ref, samples, cfg, device, tok.pad_token_id, packed) if ref is not None else None
+        if cfg.lora_rank and cfg.kl_coef > 0:
+            with model.disable_adapter():
+                ref_lp = score(model, samples, cfg, device, tok.pad_token_id, packed)
         gap = torch.cat([(o - torch.tensor(s.logprobs)).abs() for o, s in zip(old, samples)])
         upd = update(model, opt, sched, samples, old, ref_lp, adv, cfg, device, tok.pad_token_id, packed)
         if device.type == "cuda":
             torch.cuda.synchronize()
         t_update = time.perf_counter() - t0
         t0 = time.perf_counter()
+        engine.wake()
         sync_weights(engine, full_parameters(model))
-        t_sync = time.perf_counter() - t0
+        t_sync = time.perf_counter() - t0 + t_sleep
 
         if it % cfg.eval_every == 0 or it == cfg.iterations:
             eval_success = evaluate(tok, cfg, eval_envs, prompt, engine) if rank == 0 else None

@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -24,6 +25,7 @@ def run_train(*args, timeout=600):
     (["--lr", "fast"], "--lr wants a float"),
     (["--env_args", "size=5,colour=red"], "--env_args"),
     (["--env_args", "size=1"], "--env_args"),
+    (["--lora_rank", "-1"], "--lora_rank"),
     (["--iterations"], "needs a value"),
 ])
 def test_bad_input_is_one_line_before_work(args, words):
@@ -60,6 +62,28 @@ def test_two_iterations_end_to_end(tmp_path):
     assert tok("at (1, 2)").input_ids[:2] == [tok.convert_tokens_to_ids("at"), tok.convert_tokens_to_ids("1")]
     meta = json.load(open(out / "ckpt" / "meta.json"))
     assert meta["iteration"] == 2 and meta["config"]["n_groups"] == 4 and os.listdir(out / "ckpt")
+
+
+def test_lora_end_to_end(tmp_path):
+    """--lora_rank: only the adapters train; the engine gets the merged weights (its log-probs match
+    the trainer's after updates), the KL reference is the model with adapters off, and the HF
+    export holds merged weights under the plain model's names."""
+    out = tmp_path / "lora"
+    r = run_train("--lora_rank", "4", "--iterations", "3", "--eval_every", "3", "--n_groups", "4",
+                  "--group_size", "4", "--eval_episodes", "16", "--kl_coef", "0.01", "--lr", "1e-2",
+                  "--out_dir", str(out))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "in LoRA adapters" in r.stdout
+    rows = [json.loads(l) for l in open(out / "metrics.jsonl")]
+    assert rows[0]["kl_ref"] == 0 and rows[-1]["kl_ref"] > 0      # adapters moved away from the base
+    assert max(m["logp_gap"] for m in rows) < 1e-3                 # merged weights == LoRA forward
+    from transformers import AutoModelForCausalLM
+    from tiny import build_tiny
+    exported = AutoModelForCausalLM.from_pretrained(out / "model").state_dict()
+    base = build_tiny("treasure", seed=0)[0].state_dict()
+    assert set(exported) == set(base)                              # no lora_A/lora_B, HF names
+    assert torch.equal(exported["model.embed_tokens.weight"], base["model.embed_tokens.weight"])  # frozen
+    assert any(not torch.equal(exported[k], base[k]) for k in base if "proj" in k)   # merged updates
 
 
 def test_learns_the_action_format(tmp_path):
