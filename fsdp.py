@@ -122,6 +122,41 @@ def _full(p):
     return (p.full_tensor() if hasattr(p, "full_tensor") else p).detach()
 
 
+def balance_tokens(samples, adv):
+    """Move whole step samples (with their advantages) between ranks so that each rank trains on
+    about the same number of tokens: ranks own whole env groups, and their episodes differ in length,
+    so their token counts do too, and the update waits for the slowest. Every rank computes the same
+    plan from the gathered lengths: a rank keeps its longest samples up to the mean, its surplus goes
+    to whichever rank is lightest (longest first); only the moving samples travel."""
+    if not _DIST:
+        return samples, adv
+    world, rank = dist.get_world_size(), dist.get_rank()
+    lengths = [None] * world
+    dist.all_gather_object(lengths, [len(x.prompt_ids) + len(x.response_ids) for x in samples])
+    target = sum(map(sum, lengths)) / world
+    load, keep, pool = [0] * world, [], []
+    for r, lens in enumerate(lengths):
+        mine = []
+        for i in sorted(range(len(lens)), key=lambda i: -lens[i]):
+            if load[r] + lens[i] <= target or not mine:
+                load[r] += lens[i]
+                mine.append(i)
+            else:
+                pool.append((lens[i], r, i))
+        keep.append(set(mine))
+    dest = {}
+    for n, r, i in sorted(pool, reverse=True):
+        to = min(range(world), key=lambda w: load[w])
+        load[to] += n
+        dest[(r, i)] = to
+    outgoing = [(dest[(rank, i)], samples[i], adv[i]) for i in range(len(samples)) if i not in keep[rank]]
+    moved = [None] * world
+    dist.all_gather_object(moved, outgoing)
+    pairs = [(samples[i], adv[i]) for i in sorted(keep[rank])] + \
+        [(x, a) for out in moved for to, x, a in out if to == rank]
+    return [x for x, _ in pairs], [a for _, a in pairs]
+
+
 def full_parameters(model):
     """(HF name, full tensor) per parameter, gathered one at a time from the shards (never a whole
     state dict on one rank): every rank must walk this in the same order (it is collective). With

@@ -28,7 +28,7 @@ from envs import ENVS, GroupedEnvs, make_env, parse_env_args
 from memory import MEMORIES, make_memory
 from prompts import prompt_module
 from evaluate import eval_plan, eval_what, evaluate, random_policy_success
-from fsdp import (PACKED_ATTN, add_lora, all_reduce, attn_implementation, check_resume, dist_on, finish_dist, full_parameters, load_checkpoint, save,
+from fsdp import (PACKED_ATTN, add_lora, all_reduce, balance_tokens, attn_implementation, check_resume, dist_on, finish_dist, full_parameters, load_checkpoint, save,
                   setup_dist, shard)
 from rollout import HFEngine, make_engine, rollout, sync_weights
 
@@ -434,6 +434,7 @@ def main(argv=None):
         scores = gigpo.episode_scores(rewards, trajs, valid, cfg.penalty)
         adv_stats = gigpo.advantage_stats(scores, groups, step_groups)
 
+        samples, adv = balance_tokens(samples, adv)     # ranks: even out the tokens each trains on
         t0 = time.perf_counter()
         engine.sleep()                                  # vLLM on GPU: its memory goes to the update
         t_sleep = time.perf_counter() - t0

@@ -1,6 +1,7 @@
 """One score + update of the tiny model on a fixed batch; run by tests/test_dist.py both as a plain
-process and under `torchrun --nproc_per_node=2` (gloo). Writes the loss and the updated full
-weights (rank 0) to argv[1]."""
+process and under `torchrun --nproc_per_node=2` (gloo), where rank 0 starts with 3/4 of the samples
+and fsdp.balance_tokens evens them out. Writes the loss, the updated full weights and the tokens
+each rank trained on (rank 0) to argv[1]."""
 import random
 import sys
 
@@ -31,12 +32,17 @@ if __name__ == "__main__":
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda it: 1.0)
     samples, adv = fixed_batch()
-    lo, hi = len(samples) * rank // world, len(samples) * (rank + 1) // world   # this rank's share
-    samples, adv = samples[lo:hi], adv[lo:hi]
+    cut = len(samples) * 3 // 4 if world == 2 else len(samples)   # rank 0 plays 3/4 of the samples,
+    lo, hi = (0, cut) if rank == 0 else (cut, len(samples))          # then the ranks balance tokens
+    samples, adv = fsdp.balance_tokens(samples[lo:hi], adv[lo:hi])
+    tokens = [fsdp.all_reduce(sum(len(x.prompt_ids) + len(x.response_ids) for x in samples) * (r == rank))
+              for r in range(world)]
     old = train.score(model, samples, cfg, device, tok.pad_token_id, False)
     stats = train.update(model, opt, sched, samples, old, None, adv, cfg, device, tok.pad_token_id, False)
     weights = {n: t.clone() for n, t in fsdp.full_parameters(model)}
     if rank == 0:
-        torch.save({"loss": stats["loss"], "grad_norm": stats["grad_norm"], "weights": weights}, sys.argv[1])
+        torch.save({"loss": stats["loss"], "grad_norm": stats["grad_norm"], "weights": weights,
+                    "tokens": tokens, "longest": max(len(x.prompt_ids) + len(x.response_ids) for x in fixed_batch()[0])},
+                   sys.argv[1])
     if fsdp.dist_on():
         fsdp.dist.destroy_process_group()

@@ -75,7 +75,8 @@ def test_micro_batches_respect_the_token_budget():
 
 
 def test_two_gloo_ranks_update_like_one_process(tmp_path):
-    """One update on a fixed batch: FSDP2 over 2 ranks (half the samples each) == one process."""
+    """One update on a fixed batch: FSDP2 over 2 ranks (3/4 and 1/4 of the samples, then token
+    balancing) == one process."""
     script = os.path.join(ROOT, "tests", "dist_update.py")
     subprocess.run([sys.executable, script, str(tmp_path / "one.pt")], check=True, env=ENV, timeout=300)
     subprocess.run(TORCHRUN + [script, str(tmp_path / "two.pt")], check=True, env=ENV, timeout=300,
@@ -87,6 +88,9 @@ def test_two_gloo_ranks_update_like_one_process(tmp_path):
     moved = max((one["weights"][k] - init[k]).abs().max().item() for k in init)
     diff = max((one["weights"][k] - two["weights"][k]).abs().max().item() for k in init)
     assert moved > 5e-3 and diff < 5e-4, (moved, diff)   # lr 1e-2: weights moved, and moved alike
+    # the ranks started at 3/4 vs 1/4 of the tokens; balanced, they differ by at most one sample
+    t0, t1 = two["tokens"]
+    assert abs(t0 - t1) <= two["longest"] and t0 + t1 == sum(one["tokens"]), two["tokens"]
 
 
 def run_train(args, **kw):
