@@ -37,16 +37,32 @@ def attn_implementation(device):
         from torch.nn.attention.varlen import varlen_attn
     except ImportError:
         return "sdpa"
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
-    AttentionInterface.register("torch_varlen", _varlen_attention)
-    AttentionMaskInterface.register("torch_varlen", flash_attention_mask)   # no mask: cu_seq_lens say it
+    register_varlen()
     return "torch_varlen"
+
+
+def register_varlen():
+    """Make attn_implementation="torch_varlen" known to transformers (attention and its masks)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+    AttentionInterface.register("torch_varlen", _varlen_attention)
+    AttentionMaskInterface.register("torch_varlen", _varlen_mask)
+
+
+def _varlen_mask(*args, attention_mask=None, **kw):
+    """No mask for a packed row (its cu_seq_lens delimit the sequences) or an unpadded one (causal);
+    SDPA's mask for padded rows (generation from this model), which _varlen_attention hands to SDPA."""
+    from transformers.masking_utils import sdpa_mask
+    return None if attention_mask is None else sdpa_mask(*args, attention_mask=attention_mask, **kw)
 
 
 def _varlen_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kw):
     """A transformers attention function for one packed row: q (1, Hq, T, D), k/v (1, Hkv, T, D)
     and cu_seq_lens_q/k (make_batch) -> causal attention within each sequence, (1, T, Hq, D)."""
+    if "cu_seq_lens_q" not in kw:   # not a packed row (generation with a KV cache, padded rows): SDPA
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling,
+                                      dropout=dropout, **kw)
     from torch.nn.attention.varlen import varlen_attn
     q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))               # (T, H, D)
     if k.shape[1] != q.shape[1]:                                                 # GQA

@@ -64,6 +64,24 @@ def test_gpu_packed_varlen_and_padded_sdpa_give_the_same_loss():
     assert diff.max() < 0.1 and diff.mean() < 0.01 and abs(lp_pad.mean() - lp_pack.mean()) < 2e-3
 
 
+def test_varlen_attention_generates_like_sdpa_on_cpu():
+    """The torch_varlen implementation (GPU update) hands every call that is not a packed row to SDPA:
+    padded generation from such a model gives SDPA's tokens (this part runs on CPU too)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from fsdp import register_varlen
+    register_varlen()
+    cfg = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+               num_key_value_heads=1, vocab_size=50, pad_token_id=0)
+    torch.manual_seed(0)
+    ref = Qwen2ForCausalLM(Qwen2Config(**cfg, attn_implementation="sdpa")).eval()
+    var = Qwen2ForCausalLM(Qwen2Config(**cfg, attn_implementation="torch_varlen")).eval()
+    var.load_state_dict(ref.state_dict())
+    ids = torch.tensor([[0, 0, 5, 6, 7], [1, 2, 3, 4, 5]])
+    mask = (ids != 0).long()
+    kw = dict(attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    assert torch.equal(ref.generate(ids, **kw), var.generate(ids, **kw))
+
+
 def test_micro_batches_respect_the_token_budget():
     samples, _ = fixed_batch()
     for packed in (False, True):
