@@ -1,6 +1,7 @@
 """Update throughput of train.py's own FSDP2 update on GPU: tokens/s, MFU, peak memory, weight gather.
 
     torchrun --nproc_per_node=1 bench_update.py --shape 1.5b --peak_tflops 790     # one H200
+    ... --samples 64 --gather 0 --profile 1 [--attn sdpa [--cudnn_sdp 1]]        # where the time goes
     torchrun --nproc_per_node=8 bench_update.py --shape 7b --grad_ckpt 1             # one node
     python bench_update.py --shape tiny --samples 16 --prompt 64 --response 16       # CPU smoke test
 
@@ -61,6 +62,8 @@ def flops(model_cfg, samples, backward):
 def run(args, rank, world, device, log):
     from transformers import Qwen2Config, Qwen2ForCausalLM
     attn = fsdp.attn_implementation(device) if args.attn == "auto" else args.attn   # as train.py
+    if device.type == "cuda":
+        torch.backends.cuda.enable_cudnn_sdp(bool(args.cudnn_sdp))   # train.py: off (fsdp.py says why)
     packed = attn in fsdp.PACKED_ATTN
     mcfg = Qwen2Config(**SHAPES[args.shape], max_position_embeddings=32768, rope_theta=1e6,
                        attn_implementation=attn)
@@ -147,6 +150,7 @@ def main():
     ap.add_argument("--grad_ckpt", type=int, default=0)
     ap.add_argument("--gather", type=int, default=1, help="also time the weight gather into an engine copy")
     ap.add_argument("--attn", default="auto", help="auto (as train.py: fsdp.attn_implementation) | sdpa | eager | ...")
+    ap.add_argument("--cudnn_sdp", type=int, default=0, help="1 = let SDPA use cuDNN (slow with masks here)")
     ap.add_argument("--profile", type=int, default=0, help="also print torch.profiler's top kernels of one micro-batch")
     ap.add_argument("--peak_tflops", type=float, default=0.0, help="bf16 peak per GPU (H200 measured: ~790)")
     args = ap.parse_args()
