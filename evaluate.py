@@ -22,8 +22,7 @@ def eval_plan(cfg):
     sets_fn = getattr(importlib.import_module(ENVS[cfg.env][0]), "eval_sets", None)
     if sets_fn is None:
         return {"held-out": ({}, [10**9 + k for k in range(cfg.eval_episodes)])}
-    sets = sets_fn(cfg.eval_episodes)
-    return {name: sets[name] for name in (cfg.eval_sets.split(",") if cfg.eval_sets else sets)}
+    return sets_fn(cfg.eval_episodes, names=[n for n in cfg.eval_sets.split(",") if n] or None)
 
 
 def eval_what(cfg):
@@ -41,9 +40,10 @@ def eval_envs_for(cfg, envs, kwargs, seeds):
                        **{**parse_env_args(cfg.env, cfg.env_args), **kwargs}) if kwargs else envs
 
 
-def evaluate(tok, cfg, envs, prompt, engine):
+def evaluate(tok, cfg, envs, prompt, engine, detail=None):
     """Episodes at eval_temperature (0 = greedy) on the eval sets -> success over all of them. For
-    named sets, prints the success of each and per task type (info["task_type"]) where there is one."""
+    named sets, prints the success of each and per task type (info["task_type"]) where there is one,
+    and puts them in `detail` ({"valid_seen": .., "valid_seen/pick": .., ...}) when it is a dict."""
     won = []
     for name, (kwargs, seeds) in eval_plan(cfg).items():
         set_envs = eval_envs_for(cfg, envs, kwargs, seeds)
@@ -54,6 +54,10 @@ def evaluate(tok, cfg, envs, prompt, engine):
         if set_envs is not envs:
             set_envs.close()
             types = sorted({e["task_type"] for e in episodes if e.get("task_type")})
+            if detail is not None:
+                detail[name] = float(np.mean([e["won"] for e in episodes]))
+                detail.update({f"{name}/{t}": float(np.mean([e["won"] for e in episodes if e["task_type"] == t]))
+                               for t in types})
             per_type = " ".join(f"{t} {np.mean([e['won'] for e in episodes if e['task_type'] == t]):.3f}"
                                 f" ({sum(e['task_type'] == t for e in episodes)})" for t in types)
             tqdm.write(f"eval {name}: success {np.mean([e['won'] for e in episodes]):.3f} over "

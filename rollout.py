@@ -12,6 +12,7 @@ Engine interface (nothing else of an engine leaks out of this file):
     make_engine(kind, ...)                # --engine auto | hf | vllm
 temperature 0 means greedy; a response keeps its EOS (it is trained too).
 """
+import contextlib
 import os
 import random
 import sys
@@ -119,6 +120,7 @@ class VLLMEngine:
             torch.set_num_threads = set_threads
             set_threads(threads)
             torch.set_rng_state(rng[0]), random.setstate(rng[1]), np.random.set_state(rng[2])
+        self.threads = threads   # vLLM's CPU kernels were set up for this many; see _threads
         head, embed = model.get_output_embeddings(), model.get_input_embeddings()
         names = {m: n for n, m in model.named_modules()}
         tied = head is not None and head.weight is embed.weight
@@ -136,10 +138,22 @@ class VLLMEngine:
         if self.gpu:
             self.llm.wake_up()
 
+    @contextlib.contextmanager
+    def _threads(self):
+        """Run vLLM with the torch thread count it started with: after the trainer changed it, a
+        weight reload on CPU produced garbage weights (measured: 1 thread at start, 2 at reload)."""
+        before = torch.get_num_threads()
+        torch.set_num_threads(self.threads)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(before)
+
     def generate(self, prompts, temperature=1.0, top_p=1.0, max_tokens=16):
         params = self.SamplingParams(temperature=temperature, top_p=top_p, max_tokens=max_tokens,
                                      logprobs=0, stop_token_ids=[self.eos], detokenize=False)
-        outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        with self._threads():
+            outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
         results = []
         for o in outs:
             c = o.outputs[0]
@@ -168,9 +182,10 @@ def sync_weights(engine, named_tensors):
                 yield name, tensor
             if name == embed:
                 yield head, tensor
-    engine.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights(),
-                                                        "is_checkpoint_format": True})
-    engine.llm.reset_prefix_cache()
+    with engine._threads():
+        engine.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights(),
+                                                            "is_checkpoint_format": True})
+        engine.llm.reset_prefix_cache()
 
 
 def make_engine(kind, model, tokenizer, kv_cache_mb, gpu_memory_utilization, own_copy=None):

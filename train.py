@@ -174,13 +174,12 @@ def check_config(cfg):
         bad("--device cuda but no GPU is visible; use --device cpu")
     if cfg.eval_only and cfg.model == "tiny":
         bad("--eval_only evaluates a saved or hub model: give --model NAME_OR_PATH")
-    try:  # also: the env's data is there (ALFWorld lists its games here)
-        names = eval_plan(dataclasses.replace(cfg, eval_sets=""))
-    except FileNotFoundError as e:
+    try:  # also: the env's data is there (ALFWorld lists its games here); --eval_sets names exist
+        eval_plan(cfg)
+    except (FileNotFoundError, ValueError) as e:
         bad(str(e))
-    unknown = [n for n in cfg.eval_sets.split(",") if n and n not in names]
-    if unknown:
-        bad(f"--eval_sets {cfg.eval_sets}: {cfg.env} has the eval sets {','.join(names)}")
+    if cfg.eval_sets and "held-out" in eval_plan(dataclasses.replace(cfg, eval_sets="")):
+        bad(f"--eval_sets {cfg.eval_sets}: {cfg.env} has no named eval sets (it plays held-out seeds)")
 
 
 def load_model(cfg, device):
@@ -410,7 +409,7 @@ def main(argv=None):
         wandb.init(project="gigpo", config=dataclasses.asdict(cfg))
     n_params = sum(p.numel() for p in model.parameters())
     t_run = time.perf_counter()
-    eval_success = None
+    eval_success, eval_detail = None, {}   # eval_detail: per named eval set / task type (ALFWorld)
     bar = tqdm(range(start + 1, cfg.iterations + 1), desc="train", dynamic_ncols=True, disable=rank != 0,
                initial=start, total=cfg.iterations)
     for it in bar:
@@ -455,7 +454,7 @@ def main(argv=None):
         t_sync = time.perf_counter() - t0 + t_sleep
 
         if it % cfg.eval_every == 0 or it == cfg.iterations:
-            eval_success = evaluate(tok, cfg, eval_envs, prompt, engine) if rank == 0 else None
+            eval_success = evaluate(tok, cfg, eval_envs, prompt, engine, eval_detail) if rank == 0 else None
             save(model, tok, opt, sched, cfg, it, rank, gen_model)
         dt = time.perf_counter() - t_it
         # global episode numbers (all ranks); timings and update stats are rank 0's
@@ -475,7 +474,8 @@ def main(argv=None):
             **upd, "time_gen": timing["gen"], "time_env": timing["env"],
             "time_rollout_other": timing["other"], "time_update": t_update, "time_sync": t_sync,
             "time_iteration": dt, "samples_per_s": tot[4] / dt, "update_tokens_per_s": tokens / t_update,
-            "eval_success": eval_success, "wall": time.perf_counter() - t_run,
+            "eval_success": eval_success, **({"eval_sets": dict(eval_detail)} if eval_detail else {}),
+            "wall": time.perf_counter() - t_run,
         }
         if cfg.peak_tflops:  # forward (old log-probs) + forward/backward (update): 2N + 6N per token
             m["mfu"] = (2 + 6 * cfg.ppo_epochs) * n_params * tokens / t_update / (cfg.peak_tflops * 1e12 * world)

@@ -43,10 +43,15 @@ TINY_CORPUS_EPISODES = 3   # `--model tiny` trains its word-level tokenizer on t
 
 
 
-def eval_sets(n=None, data_dir=None):
+def eval_sets(n=None, data_dir=None, names=None):
     """Evaluation sets: name -> (env kwargs, seeds): valid_seen (in-distribution, 140 games) and
-    valid_unseen (out-of-distribution, 134), each the whole split in order; n caps the count."""
-    sizes = {split: len(game_files(split, data_dir)) for split in ("valid_seen", "valid_unseen")}
+    valid_unseen (out-of-distribution, 134), each the whole split in order; n caps the count; names
+    picks some (only their games need to be there)."""
+    known = ("valid_seen", "valid_unseen")
+    unknown = [x for x in names or () if x not in known]
+    if unknown:
+        raise ValueError(f"--eval_sets {','.join(names)}: alfworld has the eval sets {','.join(known)}")
+    sizes = {split: len(game_files(split, data_dir)) for split in names or known}
     return {split: ({"split": split}, list(range(min(size, n or size)))) for split, size in sizes.items()}
 
 

@@ -142,6 +142,21 @@ def test_eval_sets_cover_the_splits_in_order(data_dir):
         assert len(ALFWorld("train", data_dir).games) == 12
 
 
+def test_eval_sets_need_only_their_own_games(data_dir, tmp_path, monkeypatch):
+    """--eval_sets valid_unseen works where only that split is unpacked; a missing split or an
+    unknown set name is an error that names the fix."""
+    import train
+    from evaluate import eval_plan
+    (tmp_path / "json_2.1.1").mkdir()
+    os.symlink(os.path.join(data_dir, "json_2.1.1", "valid_unseen"), tmp_path / "json_2.1.1" / "valid_unseen")
+    monkeypatch.setenv("ALFWORLD_DATA", str(tmp_path))
+    assert list(eval_plan(train.Config(env="alfworld", eval_sets="valid_unseen"))) == ["valid_unseen"]
+    with pytest.raises(FileNotFoundError, match="valid_seen"):
+        eval_plan(train.Config(env="alfworld"))
+    with pytest.raises(ValueError, match="--eval_sets"):
+        eval_plan(train.Config(env="alfworld", eval_sets="valid_bogus"))
+
+
 def test_train_one_iteration_then_eval_only(data_dir, tmp_path):
     """The tiny model through the whole loop on real games: `--env alfworld` applies the env's
     defaults (window memory, 512 tokens, ...), which the flags here cut down to CPU test size.
@@ -163,6 +178,7 @@ def test_train_one_iteration_then_eval_only(data_dir, tmp_path):
     assert last.startswith("held-out success") and "valid_seen 1 + valid_unseen 1 games, T=0.4" in last
     row = json.loads(open(out / "metrics.jsonl").read().splitlines()[-1])
     assert row["samples"] == 4 * 50 and row["valid_ratio"] == 0.0 and row["episode_length"] == 50
+    assert {"valid_seen", "valid_unseen"} <= set(row["eval_sets"])     # per split (and task type)
     print(f"train + eval: {time.time() - t0:.0f}s")
     r = subprocess.run([sys.executable, "train.py", "--env", "alfworld", "--eval_only", "1", "--model",
                         str(out / "model"), "--eval_sets", "valid_unseen", "--eval_episodes", "1",
