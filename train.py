@@ -28,8 +28,8 @@ from envs import ENVS, GroupedEnvs, make_env, parse_env_args
 from memory import MEMORIES, make_memory
 from prompts import prompt_module
 from evaluate import eval_plan, eval_what, evaluate, random_policy_success
-from fsdp import (PACKED_ATTN, add_lora, all_reduce, balance_tokens, attn_implementation, check_resume, dist_on, finish_dist, full_parameters, load_checkpoint, save,
-                  setup_dist, shard)
+from fsdp import (PACKED_ATTN, add_lora, all_reduce, attn_implementation, balance_tokens, check_resume, dist_on,
+                  finish_dist, full_parameters, load_checkpoint, save, setup_dist, shard)
 from rollout import HFEngine, make_engine, rollout, sync_weights
 
 
@@ -74,7 +74,7 @@ class Config:
     entropy_coef: float = 0.0      # entropy bonus (paper: 0.001)
     ppo_epochs: int = 1            # passes over each batch (paper: 1)
     mini_batch: int = 512          # step samples per optimizer step (paper: 256)
-    micro_batch_tokens: int = 8192 # tokens per forward/backward (padded rows, or packed with flash-attn)
+    micro_batch_tokens: int = 8192 # tokens per forward/backward (padded rows on CPU, packed rows on GPU)
     grad_ckpt: bool = False        # activation checkpointing (saves memory on big models, costs ~1/3 more compute)
     lora_rank: int = 0             # > 0: train LoRA adapters of this rank (peft, all linear layers) instead of all weights
     # evaluation, logging, io
