@@ -1,6 +1,6 @@
-"""torchrun + FSDP2 for train.py: the attention kernel on GPU, process group set-up, sharding,
-collectives, the full-weight gather for the engine, and the sharded checkpoint
-(torch.distributed.checkpoint) with its HF export.
+"""torchrun + FSDP2 for train.py: the attention kernel on GPU, process group set-up, sharding, LoRA,
+token balancing across ranks, collectives, the full-weight gather for the engine, and the sharded
+checkpoint (torch.distributed.checkpoint) with its HF export.
 
 A plain CPU run never joins a process group: every function here is then a no-op or the plain
 single-process version, so train.py reads the same either way.
@@ -26,7 +26,8 @@ PACKED_ATTN = ("flash_attention_2", "torch_varlen")   # implementations that tak
 def attn_implementation(device):
     """flash-attn 2 where it is installed, else torch's own varlen flash kernel (torch >= 2.10), both
     on packed rows; else SDPA on left-padded rows. On CUDA, cuDNN's SDPA is turned off: with a
-    padding mask it spent ~25 ms of CPU per call on an H200 (GPU idle), the mem-efficient kernel not."""
+    padding mask it spent ~25 ms of CPU per call on an H200 while the GPU idled (measured with
+    `bench_update.py --profile 1`); SDPA's other kernels do not."""
     if device.type != "cuda":
         return "sdpa"
     torch.backends.cuda.enable_cudnn_sdp(False)
@@ -34,7 +35,7 @@ def attn_implementation(device):
     if importlib.util.find_spec("flash_attn") is not None:
         return "flash_attention_2"
     try:
-        from torch.nn.attention.varlen import varlen_attn
+        from torch.nn.attention.varlen import varlen_attn  # noqa: F401  (torch >= 2.10)
     except ImportError:
         return "sdpa"
     register_varlen()
