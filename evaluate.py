@@ -53,15 +53,16 @@ def evaluate(tok, cfg, envs, prompt, engine, detail=None):
         won += [e["won"] for e in episodes]
         if set_envs is not envs:
             set_envs.close()
-            types = sorted({e["task_type"] for e in episodes if e.get("task_type")})
+            by_type = {}                                    # task type -> [won, ...]
+            for e in episodes:
+                if e.get("task_type"):
+                    by_type.setdefault(e["task_type"], []).append(e["won"])
+            rates = {name: float(np.mean([e["won"] for e in episodes]))} | \
+                {f"{name}/{t}": float(np.mean(w)) for t, w in sorted(by_type.items())}
             if detail is not None:
-                detail[name] = float(np.mean([e["won"] for e in episodes]))
-                detail.update({f"{name}/{t}": float(np.mean([e["won"] for e in episodes if e["task_type"] == t]))
-                               for t in types})
-            per_type = " ".join(f"{t} {np.mean([e['won'] for e in episodes if e['task_type'] == t]):.3f}"
-                                f" ({sum(e['task_type'] == t for e in episodes)})" for t in types)
-            tqdm.write(f"eval {name}: success {np.mean([e['won'] for e in episodes]):.3f} over "
-                       f"{len(episodes)} games | {per_type}")
+                detail.update(rates)
+            per_type = " ".join(f"{t} {rates[f'{name}/{t}']:.3f} ({len(w)})" for t, w in sorted(by_type.items()))
+            tqdm.write(f"eval {name}: success {rates[name]:.3f} over {len(episodes)} games | {per_type}")
     return float(np.mean(won))
 
 

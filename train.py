@@ -8,6 +8,7 @@ One iteration: collect (rollout.py) -> advantages (gigpo.py) -> PPO-style update
 recomputed by this model; token-mean loss; optional KL to a frozen reference) -> push weights to the
 engine -> log -> greedy evaluation on held-out seeds every `eval_every` -> save.
 """
+import contextlib
 import copy
 import dataclasses
 import json
@@ -439,10 +440,10 @@ def main(argv=None):
         t_sleep = time.perf_counter() - t0
         t0 = time.perf_counter()
         old = score(model, samples, cfg, device, tok.pad_token_id, packed)
-        ref_lp = score(ref, samples, cfg, device, tok.pad_token_id, packed) if ref is not None else None
-        if cfg.lora_rank and cfg.kl_coef > 0:
-            with model.disable_adapter():
-                ref_lp = score(model, samples, cfg, device, tok.pad_token_id, packed)
+        ref_lp = None
+        if cfg.kl_coef > 0:   # the frozen copy, or with LoRA the model itself with its adapters off
+            with model.disable_adapter() if cfg.lora_rank else contextlib.nullcontext():
+                ref_lp = score(model if ref is None else ref, samples, cfg, device, tok.pad_token_id, packed)
         gap = torch.cat([(o - torch.tensor(s.logprobs)).abs() for o, s in zip(old, samples)])
         upd = update(model, opt, sched, samples, old, ref_lp, adv, cfg, device, tok.pad_token_id, packed)
         if device.type == "cuda":
