@@ -21,6 +21,8 @@ def eval_plan(cfg):
     --eval_sets picks some); any other env: the held-out seeds 10**9 + [0, eval_episodes)."""
     sets_fn = getattr(importlib.import_module(ENVS[cfg.env][0]), "eval_sets", None)
     if sets_fn is None:
+        if cfg.eval_sets:
+            raise ValueError(f"--eval_sets {cfg.eval_sets}: {cfg.env} has no named eval sets (it plays held-out seeds)")
         return {"held-out": ({}, [10**9 + k for k in range(cfg.eval_episodes)])}
     return sets_fn(cfg.eval_episodes, names=[n for n in cfg.eval_sets.split(",") if n] or None)
 
@@ -49,7 +51,7 @@ def evaluate(tok, cfg, envs, prompt, engine, detail=None):
         set_envs = eval_envs_for(cfg, envs, kwargs, seeds)
         memories = [make_memory(cfg.memory, cfg.memory_k or None) for _ in range(set_envs.n)]
         _, episodes, _ = rollout(set_envs, engine, tok, prompt, memories, seeds, cfg.eval_temperature,
-                                 1.0, cfg.max_response_tokens)
+                                 1.0, cfg.max_response_tokens, desc=f"eval {name}" if kwargs else None)
         won += [e["won"] for e in episodes]
         if set_envs is not envs:
             set_envs.close()

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 
 @dataclass
@@ -75,10 +76,13 @@ class HFEngine:
             top_p=None if greedy else top_p, top_k=None if greedy else 0, eos_token_id=eos, pad_token_id=pad,
             output_logits=True, return_dict_in_generate=True)
         model.train(was_training)
-        seq = out.sequences[:, width:].cpu()                                  # (B, n)
-        logits = torch.stack(out.logits, 1).float().cpu()                      # (B, n, V)
-        logp = torch.log_softmax(logits / (temperature or 1.0), -1)
-        logp = logp.gather(-1, seq.unsqueeze(-1)).squeeze(-1)                 # (B, n)
+        seq = out.sequences[:, width:]                                        # (B, n)
+        # log-prob of each sampled token, one position at a time on the device: moving all the
+        # logits (B x n x vocab: 3 GB for 134 x 128 tokens of a 49k vocab) to the CPU dominated
+        logp = torch.stack([torch.log_softmax(step.float() / (temperature or 1.0), -1)
+                            .gather(-1, seq[:, t, None]).squeeze(-1)
+                            for t, step in enumerate(out.logits)], 1).cpu()   # (B, n)
+        seq = seq.cpu()
         results = []
         for b in range(len(prompts)):
             row = seq[b].tolist()
@@ -219,12 +223,13 @@ def render_prompts(tokenizer, messages):
 
 
 def rollout(envs, engine, tokenizer, prompt, memories, group_seeds, temperature, top_p,
-            max_tokens, max_turns=1000):
+            max_tokens, max_turns=1000, desc=None):
     """Play one batch of episodes to the end -> (samples, episodes, timings).
 
     envs: GroupedEnvs; memories: one per env; group_seeds: one per group. Envs that finished are
     skipped; only active steps become samples. episodes: one dict per env (won, return, length,
     invalid). timings: seconds in generation, env steps and the rest (prompts, parsing).
+    desc: show a progress bar (one tick per step) under this name, for long evaluations.
     """
     t_start = time.perf_counter()
     timing = {"gen": 0.0, "env": 0.0}
@@ -235,6 +240,7 @@ def rollout(envs, engine, tokenizer, prompt, memories, group_seeds, temperature,
         mem.reset(info["task"])
     episodes = [{"won": False, "return": 0.0, "length": 0, "invalid": 0} for _ in obs]
     samples, active, step = [], list(range(len(obs))), 0
+    bar = tqdm(desc=desc, unit="step", leave=False, disable=desc is None)
     while active and step < max_turns:
         messages = [prompt.build(infos[i]["task"], memories[i].text(), obs[i],
                                  infos[i]["admissible_actions"], step) for i in active]
@@ -267,5 +273,8 @@ def rollout(envs, engine, tokenizer, prompt, memories, group_seeds, temperature,
             if not (term or trunc):
                 still.append(i)
         active, step = still, step + 1
+        bar.set_postfix(active=len(active), won=sum(e["won"] for e in episodes), refresh=False)
+        bar.update()
+    bar.close()
     timing["other"] = time.perf_counter() - t_start - timing["gen"] - timing["env"]
     return samples, episodes, timing

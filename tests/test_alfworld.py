@@ -150,7 +150,9 @@ def test_eval_sets_need_only_their_own_games(data_dir, tmp_path, monkeypatch):
     (tmp_path / "json_2.1.1").mkdir()
     os.symlink(os.path.join(data_dir, "json_2.1.1", "valid_unseen"), tmp_path / "json_2.1.1" / "valid_unseen")
     monkeypatch.setenv("ALFWORLD_DATA", str(tmp_path))
-    assert list(eval_plan(train.Config(env="alfworld", eval_sets="valid_unseen"))) == ["valid_unseen"]
+    cfg = train.Config(env="alfworld", eval_sets="valid_unseen")
+    assert list(eval_plan(cfg)) == ["valid_unseen"]
+    train.check_config(cfg)                        # passes: nothing else looks for valid_seen
     with pytest.raises(FileNotFoundError, match="valid_seen"):
         eval_plan(train.Config(env="alfworld"))
     with pytest.raises(ValueError, match="--eval_sets"):
