@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-pytest.importorskip("vllm", reason="vllm is not installed (pip install -r requirements.txt)")
+pytest.importorskip("vllm", reason="vllm is not installed (bash install.sh)")
 
 from envs import GroupedEnvs                                                       # noqa: E402
 from memory import make_memory                                                     # noqa: E402
