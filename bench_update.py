@@ -7,7 +7,7 @@
 
 A Qwen2.5-shaped model (random init from its config: no hub here) and step samples shaped like
 the paper's ALFWorld batch (prompts up to --prompt tokens, responses up to --response) go through
-train.score (old log-probs, forward) and train.update (clipped-surrogate forward/backward + AdamW),
+ppo.score (old log-probs, forward) and ppo.update (clipped-surrogate forward/backward + AdamW),
 the functions train.py runs. Each rank gets --samples / world samples.
 
 FLOPs counted (useful work only; padding is not counted): per token 2 x (non-embedding params) for
@@ -22,6 +22,7 @@ import time
 import torch
 
 import fsdp
+import ppo
 import train
 from rollout import HFEngine, Sample, sync_weights
 
@@ -84,18 +85,18 @@ def run(args, rank, world, device, log):
 
     # warm-up on a few samples (kernels, allocator), then one measured score + update on all of them
     few = samples[:max(2, len(samples) // 16)]
-    old = train.score(model, few, cfg, device, 0, packed)
-    train.update(model, opt, sched, few, old, None, adv, cfg, device, 0, packed)
+    old = ppo.score(model, few, cfg, device, 0, packed)
+    ppo.update(model, opt, sched, few, old, None, adv, cfg, device, 0, packed)
     if args.profile:
         profile(model, opt, sched, samples, cfg, device, log, packed)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     sync()
     t0 = time.perf_counter()
-    old = train.score(model, samples, cfg, device, 0, packed)
+    old = ppo.score(model, samples, cfg, device, 0, packed)
     sync()
     t1 = time.perf_counter()
-    stats = train.update(model, opt, sched, samples, old, None, adv, cfg, device, 0, packed)
+    stats = ppo.update(model, opt, sched, samples, old, None, adv, cfg, device, 0, packed)
     sync()
     t2 = time.perf_counter()
     f_fwd, tokens = flops(mcfg, samples, backward=False)
@@ -126,12 +127,12 @@ def profile(model, opt, sched, samples, cfg, device, log, packed):
     """Where the time of one update goes: torch.profiler over the update of the first micro-batch's
     worth of samples, the top kernels/ops by device (or CPU) self time."""
     from torch.profiler import ProfilerActivity, profile as prof
-    mb = train.micro_batches(samples, range(len(samples)), cfg.micro_batch_tokens, packed)[0]
+    mb = ppo.micro_batches(samples, range(len(samples)), cfg.micro_batch_tokens, packed)[0]
     few = [samples[i] for i in mb]
-    old = train.score(model, few, cfg, device, 0, packed)
+    old = ppo.score(model, few, cfg, device, 0, packed)
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with prof(activities=acts) as p:
-        train.update(model, opt, sched, few, old, None, [0.5] * len(few), cfg, device, 0, packed)
+        ppo.update(model, opt, sched, few, old, None, [0.5] * len(few), cfg, device, 0, packed)
         if device.type == "cuda":
             torch.cuda.synchronize()
     key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"

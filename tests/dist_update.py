@@ -8,6 +8,7 @@ import sys
 import torch
 
 import fsdp
+import ppo
 import train
 from rollout import Sample
 from tiny import build_tiny
@@ -37,8 +38,8 @@ if __name__ == "__main__":
     samples, adv = fsdp.balance_tokens(samples[lo:hi], adv[lo:hi])
     tokens = [fsdp.all_reduce(sum(len(x.prompt_ids) + len(x.response_ids) for x in samples) * (r == rank))
               for r in range(world)]
-    old = train.score(model, samples, cfg, device, tok.pad_token_id, False)
-    stats = train.update(model, opt, sched, samples, old, None, adv, cfg, device, tok.pad_token_id, False)
+    old = ppo.score(model, samples, cfg, device, tok.pad_token_id, False)
+    stats = ppo.update(model, opt, sched, samples, old, None, adv, cfg, device, tok.pad_token_id, False)
     weights = {n: t.clone() for n, t in fsdp.full_parameters(model)}
     if rank == 0:
         torch.save({"loss": stats["loss"], "grad_norm": stats["grad_norm"], "weights": weights,

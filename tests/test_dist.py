@@ -9,6 +9,7 @@ import time
 import pytest
 import torch
 
+import ppo
 import train
 from rollout import Sample
 from tiny import build_tiny
@@ -26,9 +27,9 @@ def test_packed_and_padded_micro_batches_give_the_same_log_probs():
     model, tok = build_tiny("treasure", seed=0)
     samples, _ = fixed_batch()
     idx = list(range(len(samples)))
-    padded = train.response_logprobs(model, train.make_batch(samples, idx, tok.pad_token_id, False), "cpu")
-    packed = train.response_logprobs(model, train.make_batch(samples, idx, tok.pad_token_id, True), "cpu")
-    one = torch.cat([train.response_logprobs(model, train.make_batch(samples, [i], 0, False), "cpu")[0]
+    padded = ppo.response_logprobs(model, ppo.make_batch(samples, idx, tok.pad_token_id, False), "cpu")
+    packed = ppo.response_logprobs(model, ppo.make_batch(samples, idx, tok.pad_token_id, True), "cpu")
+    one = torch.cat([ppo.response_logprobs(model, ppo.make_batch(samples, [i], 0, False), "cpu")[0]
                      for i in idx])
     assert padded[0].shape == (sum(len(s.response_ids) for s in samples),)
     assert torch.allclose(padded[0], one, atol=1e-5) and torch.allclose(packed[0], one, atol=1e-5)
@@ -57,8 +58,8 @@ def test_gpu_packed_varlen_and_padded_sdpa_give_the_same_loss():
                             [rng.randrange(1000) for _ in range(rng.randint(1, 40))], [], 0.0, False, True,
                             0, i, "", 0) for i in range(12)]
     idx = list(range(len(samples)))
-    lp_pad, _ = train.response_logprobs(padded_model, train.make_batch(samples, idx, 0, False), dev)
-    lp_pack, _ = train.response_logprobs(packed_model, train.make_batch(samples, idx, 0, True), dev)
+    lp_pad, _ = ppo.response_logprobs(padded_model, ppo.make_batch(samples, idx, 0, False), dev)
+    lp_pack, _ = ppo.response_logprobs(packed_model, ppo.make_batch(samples, idx, 0, True), dev)
     assert lp_pad.shape == lp_pack.shape == (sum(len(s.response_ids) for s in samples),)
     diff = (lp_pad - lp_pack).abs()    # a mask leaking across packed sequences would be ~0.1-1 per token
     assert diff.max() < 0.1 and diff.mean() < 0.01 and abs(lp_pad.mean() - lp_pack.mean()) < 2e-3
@@ -85,7 +86,7 @@ def test_varlen_attention_generates_like_sdpa_on_cpu():
 def test_micro_batches_respect_the_token_budget():
     samples, _ = fixed_batch()
     for packed in (False, True):
-        mbs = train.micro_batches(samples, range(len(samples)), 40, packed)
+        mbs = ppo.micro_batches(samples, range(len(samples)), 40, packed)
         assert sorted(i for mb in mbs for i in mb) == list(range(len(samples)))
         for mb in mbs:
             lens = [len(samples[i].prompt_ids) + len(samples[i].response_ids) for i in mb]

@@ -4,7 +4,8 @@ from envs import GroupedEnvs
 from memory import make_memory
 from prompts import prompt_module
 from rollout import HFEngine, render_prompts, rollout
-from train import Config, score
+from ppo import score
+from train import Config
 
 
 def prompts_for(tok, obs_list):

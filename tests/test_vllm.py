@@ -18,7 +18,8 @@ from memory import make_memory                                                  
 from prompts import prompt_module                                                  # noqa: E402
 from rollout import HFEngine, VLLMEngine, render_prompts, rollout, sync_weights    # noqa: E402
 from tiny import build_tiny                                                        # noqa: E402
-from train import Config, score                                                   # noqa: E402
+from ppo import score                                                              # noqa: E402
+from train import Config                                                           # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

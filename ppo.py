@@ -1,0 +1,149 @@
+"""The PPO-style update of train.py: token-budget micro-batches, response log-probs, the clipped step.
+
+Each step sample is (prompt ids, response ids); only response tokens are scored and trained. Micro-
+batches hold at most `micro_batch_tokens` tokens: left-padded rows (SDPA) or one packed row (varlen
+attention). Under FSDP2 every rank runs the same number of micro-batches (dummy passes fill in).
+"""
+import math
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+import gigpo
+from fsdp import all_reduce, dist_on
+
+
+# ---- micro-batches: token budget; left-padded rows (SDPA) or one packed row (flash-attn varlen) ----
+def micro_batches(samples, idx, max_tokens, packed):
+    """Indices -> lists of indices, longest first, each under max_tokens. The cost of a micro-batch
+    is what the attention sees: its summed lengths when packed, rows x longest when padded."""
+    idx = sorted(idx, key=lambda i: -(len(samples[i].prompt_ids) + len(samples[i].response_ids)))
+    out, cur, width, total = [], [], 0, 0
+    for i in idx:
+        n = len(samples[i].prompt_ids) + len(samples[i].response_ids)
+        cost = total + n if packed else max(width, n) * (len(cur) + 1)
+        if cur and cost > max_tokens:
+            out.append(cur)
+            cur, width, total = [], 0, 0
+        cur.append(i)
+        width, total = max(width, n), total + n
+    return out + [cur] if cur else out
+
+
+def make_batch(samples, idx, pad_id, packed):
+    """Model inputs for samples[idx] + where each response token's prediction sits in the logits.
+    Only the logits that predict response tokens are computed (logits_to_keep): with a 150k vocab
+    the full logits of a micro-batch would not fit. Padded: rows are left-padded so all responses
+    end in the last column and the last K+1 positions cover every one. Packed: the sequences are
+    concatenated in one row, restarting position_ids marks their boundaries (transformers then
+    masks attention per sequence for SDPA/eager, and flash-attn 2 runs varlen)."""
+    seqs = [samples[i].prompt_ids + samples[i].response_ids for i in idx]
+    resp = [len(samples[i].response_ids) for i in idx]
+    if packed:
+        ends = np.cumsum([len(s) for s in seqs])
+        keep = torch.tensor([e - r - 1 + k for e, r in zip(ends, resp) for k in range(r)])
+        ids = torch.tensor([[t for s in seqs for t in s]])
+        cu = torch.tensor([0, *ends], dtype=torch.int32)              # sequence boundaries, for varlen
+        longest = max(len(s) for s in seqs)
+        inputs = dict(input_ids=ids, position_ids=torch.tensor([[p for s in seqs for p in range(len(s))]]),
+                      logits_to_keep=keep, cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=longest,
+                      max_length_k=longest)
+        rows, cols, targets = torch.zeros_like(keep), torch.arange(len(keep)), ids[0, keep + 1]
+    else:
+        W, K = max(len(s) for s in seqs), max(resp)
+        ids = torch.full((len(seqs), W), pad_id, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for b, s in enumerate(seqs):
+            ids[b, W - len(s):], mask[b, W - len(s):] = torch.tensor(s), 1
+        inputs = dict(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(1) - 1).clamp(min=0),
+                      logits_to_keep=K + 1)
+        rows = torch.tensor([b for b, r in enumerate(resp) for _ in range(r)])
+        cols = torch.tensor([K - r + k for r in resp for k in range(r)])        # logit column
+        targets = ids[rows, W - K + cols]                                       # the token it predicts
+    return {"inputs": inputs, "rows": rows, "cols": cols, "targets": targets}
+
+
+def response_logprobs(model, batch, device, temperature=1.0):
+    """Log-prob and entropy of every response token of a micro-batch: two (n_tokens,) tensors, in
+    sample order (the order of make_batch's idx), token order within a sample."""
+    inputs = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch["inputs"].items()}
+    logits = model(**inputs, use_cache=False).logits                              # (B, keep, V)
+    logits = logits[batch["rows"].to(device), batch["cols"].to(device)].float() / temperature
+    logp_all = torch.log_softmax(logits, -1)                                       # (n, V)
+    logp = logp_all.gather(-1, batch["targets"].to(device)[:, None])[:, 0]
+    return logp, -(logp_all.exp() * logp_all).sum(-1)
+
+
+def dummy_pass(model, device):
+    """A rank with fewer micro-batches than the others still joins FSDP's collectives: one token
+    forward (and backward, of a zero loss) stands in for each missing micro-batch."""
+    out = model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=device), use_cache=False)
+    return out.logits.sum() * 0.0
+
+
+def synced_micro_batches(samples, idx, cfg, pad_id, packed):
+    """micro_batches(), padded with None up to the largest count on any rank."""
+    mbs = micro_batches(samples, idx, cfg.micro_batch_tokens, packed)
+    return mbs + [None] * (int(all_reduce(len(mbs), "max")) - len(mbs))
+
+
+@torch.no_grad()
+def score(model, samples, cfg, device, pad_id, packed):
+    """Per-sample log-probs of the responses under `model` -> list of (r_i,) CPU tensors."""
+    out = [None] * len(samples)
+    for mb in synced_micro_batches(samples, range(len(samples)), cfg, pad_id, packed):
+        if mb is None:
+            dummy_pass(model, device)
+            continue
+        logp = response_logprobs(model, make_batch(samples, mb, pad_id, packed), device, cfg.temperature)[0]
+        for i, lp in zip(mb, logp.cpu().split([len(samples[i].response_ids) for i in mb])):
+            out[i] = lp
+    return out
+
+
+def update(model, opt, sched, samples, old, ref, adv, cfg, device, pad_id, packed):
+    """PPO-style clipped update over this rank's samples -> metrics. Token-mean over the GLOBAL
+    mini-batch: each micro-batch loss is its token sum over the mini-batch's token count on all
+    ranks (times the world size, since FSDP averages gradients over ranks), so the update does not
+    depend on how samples fell across ranks or micro-batches. old/ref: per-sample log-prob tensors;
+    adv: one float per sample."""
+    world = dist.get_world_size() if dist_on() else 1
+    stats = {k: torch.zeros((), device=device) for k in ("loss", "clip_frac", "kl_ref", "entropy", "grad_norm")}
+    n_steps = 0
+    for _ in range(cfg.ppo_epochs):
+        perm = torch.randperm(len(samples)).tolist()
+        steps = max(1, math.ceil(all_reduce(len(samples), "max") * world / cfg.mini_batch))
+        for chunk in np.array_split(perm, steps):
+            n_tok = all_reduce(sum(len(samples[i].response_ids) for i in chunk)) / world
+            opt.zero_grad(set_to_none=True)
+            for mb in synced_micro_batches(samples, chunk.tolist(), cfg, pad_id, packed):
+                if mb is None:
+                    dummy_pass(model, device).backward()
+                    continue
+                logp, ent = response_logprobs(model, make_batch(samples, mb, pad_id, packed), device,
+                                              cfg.temperature)
+                cat = lambda xs: torch.cat([xs[i] for i in mb]).to(device)[None]   # noqa: E731
+                a = torch.cat([torch.full((len(samples[i].response_ids),), float(adv[i])) for i in mb])
+                m = torch.ones_like(logp)[None]
+                loss, pst = gigpo.policy_loss(logp[None], cat(old), a.to(device)[None], m, cfg.clip,
+                                              cfg.dual_clip or None, token_count=n_tok)
+                ent_sum = ent.sum() / n_tok
+                loss = loss - cfg.entropy_coef * ent_sum
+                if ref is not None:
+                    kl = gigpo.kl_k3(logp[None], cat(ref)).sum() / n_tok
+                    loss = loss + cfg.kl_coef * kl
+                    stats["kl_ref"] += kl.detach()
+                loss.backward()
+                stats["loss"] += loss.detach()
+                stats["entropy"] += ent_sum.detach()
+                stats["clip_frac"] += pst["clip_frac"] * len(logp) / n_tok
+            gn = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            stats["grad_norm"] += gn.full_tensor() if hasattr(gn, "full_tensor") else gn
+            opt.step()
+            n_steps += 1
+    sched.step()
+    gn = stats.pop("grad_norm")  # already global; the rest are this rank's shares of global means
+    vals = all_reduce(torch.stack(list(stats.values()))) / world
+    return {k: float(v) / n_steps for k, v in zip(stats, vals)} | {
+        "grad_norm": float(gn) / n_steps, "optimizer_steps": n_steps}
