@@ -77,8 +77,8 @@ class HFEngine:
             output_logits=True, return_dict_in_generate=True)
         model.train(was_training)
         seq = out.sequences[:, width:]                                        # (B, n)
-        # log-prob of each sampled token, one position at a time on the device: moving all the
-        # logits (B x n x vocab: 3 GB for 134 x 128 tokens of a 49k vocab) to the CPU dominated
+        # log-prob of each sampled token, one position at a time, on the device: not all the logits
+        # to the CPU (B x n x vocab floats: 3.4 GB for 134 rows x 128 tokens of a 49k vocab)
         logp = torch.stack([torch.log_softmax(step.float() / (temperature or 1.0), -1)
                             .gather(-1, seq[:, t, None]).squeeze(-1)
                             for t, step in enumerate(out.logits)], 1).cpu()   # (B, n)
