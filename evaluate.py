@@ -64,7 +64,9 @@ def evaluate(tok, cfg, envs, prompt, engine, detail=None):
             if detail is not None:
                 detail.update(rates)
             per_type = " ".join(f"{t} {rates[f'{name}/{t}']:.3f} ({len(w)})" for t, w in sorted(by_type.items()))
-            tqdm.write(f"eval {name}: success {rates[name]:.3f} over {len(episodes)} games | {per_type}")
+            invalid = sum(e["invalid"] for e in episodes) / max(1, sum(e["length"] for e in episodes))
+            tqdm.write(f"eval {name}: success {rates[name]:.3f} over {len(episodes)} games, "
+                       f"invalid actions {invalid:.3f} of steps | {per_type}")
     return float(np.mean(won))
 
 

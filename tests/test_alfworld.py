@@ -188,3 +188,4 @@ def test_train_one_iteration_then_eval_only(data_dir, tmp_path):
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.strip().splitlines()[-1].startswith("eval-only success 0.000 (valid_unseen 1 games, T=0.4")
+    assert "over 1 games, invalid actions 1.000 of steps" in r.stdout   # 4 tokens: never both tags
