@@ -78,8 +78,7 @@ class HFEngine:
         model.train(was_training)
         seq = out.sequences[:, width:]                                        # (B, n)
         # log-prob of each sampled token, one position at a time, on the device: not all the logits
-        # to the CPU (B x n x vocab floats: 3.4 GB for 134 rows x 128 tokens of a 49k vocab; on the
-        # H200 that copy took 3.7 s, as long as generate itself; this takes 0.02 s)
+        # to the CPU (B x n x vocab floats: 3.4 GB for 134 rows x 128 tokens of a 49k vocab)
         logp = torch.stack([torch.log_softmax(step.float() / (temperature or 1.0), -1)
                             .gather(-1, seq[:, t, None]).squeeze(-1)
                             for t, step in enumerate(out.logits)], 1).cpu()   # (B, n)
@@ -274,8 +273,9 @@ def rollout(envs, engine, tokenizer, prompt, memories, group_seeds, temperature,
             if not (term or trunc):
                 still.append(i)
         active, step = still, step + 1
-        bar.set_postfix(active=len(active), won=sum(e["won"] for e in episodes), refresh=False)
-        bar.update()
+        if desc:   # a training rollout (no bar) skips the count
+            bar.set_postfix(active=len(active), won=sum(e["won"] for e in episodes), refresh=False)
+            bar.update()
     bar.close()
     timing["other"] = time.perf_counter() - t_start - timing["gen"] - timing["env"]
     return samples, episodes, timing
