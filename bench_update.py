@@ -26,11 +26,13 @@ import ppo
 import train
 from rollout import HFEngine, Sample, sync_weights
 
-SHAPES = {  # transformers Qwen2Config fields of Qwen2.5-1.5B / 7B (from their config.json)
+SHAPES = {  # config fields of Qwen2.5-1.5B / 7B and SmolLM2-135M (a Llama), from their config.json
     "1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
                  num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
     "7b": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
                num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False),
+    "smollm2": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+                    num_key_value_heads=3, vocab_size=49152, tie_word_embeddings=True, model_type="llama"),
     "tiny": dict(hidden_size=64, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
                  num_key_value_heads=2, vocab_size=1000, tie_word_embeddings=True),
 }
@@ -61,22 +63,23 @@ def flops(model_cfg, samples, backward):
 
 
 def run(args, rank, world, device, log):
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
     attn = fsdp.attn_implementation(device) if args.attn == "auto" else args.attn   # as train.py
     if device.type == "cuda":
         torch.backends.cuda.enable_cudnn_sdp(bool(args.cudnn_sdp))   # train.py: off (fsdp.py says why)
     packed = attn in fsdp.PACKED_ATTN
-    mcfg = Qwen2Config(**SHAPES[args.shape], max_position_embeddings=32768, rope_theta=1e6,
-                       attn_implementation=attn)
+    shape = dict(SHAPES[args.shape])
+    mcfg = AutoConfig.for_model(shape.pop("model_type", "qwen2"), **shape, max_position_embeddings=32768,
+                                rope_theta=1e6)
     torch.manual_seed(0)
     with torch.device(device):
-        model = Qwen2ForCausalLM(mcfg)
+        model = AutoModelForCausalLM.from_config(mcfg, attn_implementation=attn)
     n_params = sum(p.numel() for p in model.parameters())
     log(f"model {args.shape}: {n_params / 1e9:.2f}B parameters, world {world}, device {device}, attention {attn}")
     cfg = train.Config(micro_batch_tokens=args.micro_batch_tokens, mini_batch=args.samples, grad_ckpt=args.grad_ckpt,
                        lr=1e-6, dual_clip=3.0)
     engine = HFEngine(model, None, own_copy=torch.bfloat16) if args.gather else None
-    model = fsdp.shard(model, device, cfg.grad_ckpt)
+    model = fsdp.shard(model, device, cfg.grad_ckpt, reshard_after_forward=bool(args.reshard_after_forward))
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, fused=device.type == "cuda")
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda it: 1.0)
     samples = make_samples(args.samples // world, args.prompt, args.response, mcfg.vocab_size, seed=rank)
@@ -152,6 +155,8 @@ def main():
     ap.add_argument("--gather", type=int, default=1, help="also time the weight gather into an engine copy")
     ap.add_argument("--attn", default="auto", help="auto (as train.py: fsdp.attn_implementation) | sdpa | eager | ...")
     ap.add_argument("--cudnn_sdp", type=int, default=0, help="1 = let SDPA use cuDNN (slow with masks here)")
+    ap.add_argument("--reshard_after_forward", type=int, default=1,
+                    help="FSDP2: free the gathered layer after its forward (1, train.py) or keep it for the backward")
     ap.add_argument("--profile", type=int, default=0, help="also print torch.profiler's top kernels of one micro-batch")
     ap.add_argument("--peak_tflops", type=float, default=0.0, help="bf16 peak per GPU (H200 measured: ~790)")
     args = ap.parse_args()

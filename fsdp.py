@@ -111,7 +111,7 @@ def all_reduce(x, op="sum"):
     return t.item() if not torch.is_tensor(x) else t
 
 
-def shard(model, device, grad_ckpt=False):
+def shard(model, device, grad_ckpt=False, reshard_after_forward=True):
     """FSDP2: each decoder layer is its own unit, then the root (embeddings, head). On GPU, bf16
     parameters and compute with fp32 gradient reduction; the sharded fp32 master weights are what
     AdamW updates, so its state is fp32 too. A no-op without a process group (plain CPU run)."""
@@ -123,8 +123,8 @@ def shard(model, device, grad_ckpt=False):
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
         if device.type == "cuda" else MixedPrecisionPolicy()
     for layer in getattr(model, "get_base_model", lambda: model)().model.layers:
-        fully_shard(layer, mp_policy=mp)
-    return fully_shard(model, mp_policy=mp)
+        fully_shard(layer, mp_policy=mp, reshard_after_forward=reshard_after_forward)
+    return fully_shard(model, mp_policy=mp, reshard_after_forward=reshard_after_forward)
 
 
 def add_lora(model, rank):

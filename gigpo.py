@@ -288,13 +288,15 @@ def masked_mean(x, mask, count=None):
     return (x * mask).sum() / count
 
 
-def policy_loss(logp, old_logp, adv, mask, clip=0.2, dual_clip=3.0, token_count=None):
+def policy_loss(logp, old_logp, adv, mask, clip=0.2, dual_clip=3.0, token_count=None, weights=None):
     """PPO clipped surrogate with dual clip, token-mean (paper's objective, Sec. 4.2):
 
       ratio = exp(logp - old_logp)        (log-ratio clamped to [-20, 20])
       pg    = max(-A * ratio, -A * clip(ratio, 1 - clip, 1 + clip))
       pg    = min(pg, -A * dual_clip)      where A < 0 (dual_clip None: off)
-      loss  = sum(pg * mask) / token_count (default mask.sum())
+      loss  = sum(w * pg * mask) / token_count (default mask.sum())
+
+    w: per-token weights (e.g. tis_weights), 1 by default.
 
     logp, old_logp, mask: (B, T); adv: (B,) broadcast over tokens, or (B, T).
     Pass a global token_count so that micro-batch losses add up to the
@@ -317,7 +319,7 @@ def policy_loss(logp, old_logp, adv, mask, clip=0.2, dual_clip=3.0, token_count=
         cap = -adv * dual_clip
         dual = (adv < 0) & (pg > cap)
         pg = torch.where(dual, cap.expand_as(pg), pg)
-    loss = masked_mean(pg, mask, token_count)
+    loss = masked_mean(pg if weights is None else weights * pg, mask, token_count)
     with torch.no_grad():
         stats = {
             "clip_frac": masked_mean((pg_clip > pg_plain).to(logp.dtype), mask),
@@ -325,6 +327,19 @@ def policy_loss(logp, old_logp, adv, mask, clip=0.2, dual_clip=3.0, token_count=
             "approx_kl": masked_mean(old_logp - logp, mask),
         }
     return loss, {k: v.detach() for k, v in stats.items()}
+
+
+def tis_weights(old_logp, rollout_logp, cap):
+    """Truncated importance sampling (Yao et al. 2025, "off-policy" rollouts of a fast engine):
+
+      w = min(exp(old_logp - rollout_logp), cap)      per token, no gradient
+
+    The engine samples from pi_rollout, which differs from the trainer's pi_old by kernel and
+    precision noise (logp_gap); multiplying each token's policy-gradient term by w corrects the
+    mismatch, and the cap bounds the variance a rare large ratio would add. Returns (w, share of
+    tokens where the cap bit)."""
+    ratio = torch.exp((old_logp - rollout_logp).clamp(-20.0, 20.0))
+    return ratio.clamp(max=cap).detach(), (ratio > cap).float().mean()
 
 
 def kl_k3(logp, ref_logp):

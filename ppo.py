@@ -109,7 +109,8 @@ def update(model, opt, sched, samples, old, ref, adv, cfg, device, pad_id, packe
     depend on how samples fell across ranks or micro-batches. old/ref: per-sample log-prob tensors;
     adv: one float per sample."""
     world = dist.get_world_size() if dist_on() else 1
-    stats = {k: torch.zeros((), device=device) for k in ("loss", "clip_frac", "kl_ref", "entropy", "grad_norm")}
+    stats = {k: torch.zeros((), device=device) for k in ("loss", "clip_frac", "kl_ref", "entropy", "tis_weight",
+                                                          "tis_trunc_frac", "grad_norm")}
     n_steps = 0
     for _ in range(cfg.ppo_epochs):
         perm = torch.randperm(len(samples)).tolist()
@@ -126,8 +127,14 @@ def update(model, opt, sched, samples, old, ref, adv, cfg, device, pad_id, packe
                 cat = lambda xs: torch.cat([xs[i] for i in mb]).to(device)[None]   # noqa: E731
                 a = torch.cat([torch.full((len(samples[i].response_ids),), float(adv[i])) for i in mb])
                 m = torch.ones_like(logp)[None]
+                w = None
+                if cfg.tis_cap > 0:   # the engine's sampling policy vs the trainer's: see gigpo.tis_weights
+                    rollout_lp = torch.cat([torch.tensor(samples[i].logprobs) for i in mb]).to(device)[None]
+                    w, trunc = gigpo.tis_weights(cat(old), rollout_lp, cfg.tis_cap)
+                    stats["tis_weight"] += w.sum() / n_tok
+                    stats["tis_trunc_frac"] += trunc * len(logp) / n_tok
                 loss, pst = gigpo.policy_loss(logp[None], cat(old), a.to(device)[None], m, cfg.clip,
-                                              cfg.dual_clip or None, token_count=n_tok)
+                                              cfg.dual_clip or None, token_count=n_tok, weights=w)
                 ent_sum = ent.sum() / n_tok
                 loss = loss - cfg.entropy_coef * ent_sum
                 if ref is not None:
@@ -143,6 +150,8 @@ def update(model, opt, sched, samples, old, ref, adv, cfg, device, pad_id, packe
             opt.step()
             n_steps += 1
     sched.step()
+    if cfg.tis_cap <= 0:
+        del stats["tis_weight"], stats["tis_trunc_frac"]
     gn = stats.pop("grad_norm")  # already global; the rest are this rank's shares of global means
     vals = all_reduce(torch.stack(list(stats.values()))) / world
     return {k: float(v) / n_steps for k, v in zip(stats, vals)} | {

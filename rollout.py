@@ -98,8 +98,11 @@ class VLLMEngine:
     re-tokenise anything, and stops on the tokenizer's EOS like HFEngine. It starts from the model's
     config alone with dummy weights; the real ones arrive through sync_weights, as after every update.
     Log-probs are vLLM's "processed" ones: after temperature, like the trainer's recompute (with
-    top_p < 1 they are renormalised over the nucleus, the trainer's are not). Eager mode (no CUDA
-    graphs, no compile) and float32 on CPU: the configuration measured to match transformers.
+    top_p < 1 they are renormalised over the nucleus, the trainer's are not). On CPU: eager, in the
+    model's dtype (float32), the configuration measured to match transformers. On GPU: bfloat16, the
+    dtype the trainer computes in under FSDP2 (an engine in float32 next to a bf16 trainer is a
+    logp_gap of its own), no torch.compile, and CUDA graphs for the decode steps (prefill is one big
+    batch and runs eager; graphs start in seconds where compiling takes about a minute).
     """
 
     def __init__(self, model, eos_id, kv_cache_mb, gpu_memory_utilization):
@@ -116,8 +119,10 @@ class VLLMEngine:
         rng, threads, set_threads = (torch.get_rng_state(), random.getstate(), np.random.get_state()), \
             torch.get_num_threads(), torch.set_num_threads
         try:
-            self.llm = LLM(folder, skip_tokenizer_init=True, load_format="dummy", dtype=model.dtype,
-                           enforce_eager=True, logprobs_mode="processed_logprobs", generation_config="vllm",
+            self.llm = LLM(folder, skip_tokenizer_init=True, load_format="dummy",
+                           dtype=model.dtype if cpu else torch.bfloat16, enforce_eager=cpu,
+                           compilation_config=None if cpu else {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"},
+                           logprobs_mode="processed_logprobs", generation_config="vllm",
                            kv_cache_memory_bytes=kv_cache_mb << 20 if cpu else None,
                            gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=not cpu)
         finally:

@@ -73,6 +73,7 @@ class Config:
     dual_clip: float = 3.0         # dual-clip c for negative advantages; 0 = off (paper: 3)
     kl_coef: float = 0.0           # k3 KL to the frozen initial model; 0 = no reference (paper: 0.01)
     entropy_coef: float = 0.0      # entropy bonus (paper: 0.001)
+    tis_cap: float = 0.0           # > 0: truncated importance sampling, token loss x min(pi_old / pi_rollout, cap) (verl: 2)
     ppo_epochs: int = 1            # passes over each batch (paper: 1)
     mini_batch: int = 512          # step samples per optimizer step (paper: 256)
     micro_batch_tokens: int = 8192 # tokens per forward/backward (padded rows on CPU, packed rows on GPU)
@@ -165,6 +166,8 @@ def check_config(cfg):
         import importlib.util
         if importlib.util.find_spec("peft") is None:
             bad("--lora_rank needs the package 'peft': pip install -r requirements.txt")
+    if not cfg.tis_cap >= 0 or math.isinf(cfg.tis_cap):
+        bad(f"--tis_cap {cfg.tis_cap} must be a finite number >= 0 (0 = off; a typical cap is 2)")
     if not 0 <= cfg.similarity <= 1:
         bad(f"--similarity {cfg.similarity} must be in [0, 1] (0 = exact anchor match)")
     if cfg.engine not in ("auto", "hf", "vllm"):
@@ -207,7 +210,7 @@ def main(argv=None):
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed + rank)
     random.seed(cfg.seed + rank)
-    prompt = prompt_module(cfg.env)
+    prompt = prompt_module(cfg.env, chat=cfg.model != "tiny")   # a pretrained model gets instructions
     local_groups = cfg.n_groups // world                  # this rank's groups: rank * local_groups + j
     # the held-out seeds' envs (named eval sets, e.g. ALFWorld's splits, make their own in evaluate)
     env_args = parse_env_args(cfg.env, cfg.env_args)

@@ -1,11 +1,19 @@
 """One module per env: `build(task, history_text, obs, admissible, step) -> chat messages` and
 `parse(response_text, admissible) -> (action, valid)`. parse never raises: anything it cannot read
-is an invalid action (valid=False), which the env treats as a no-op and the advantage penalises."""
+is an invalid action (valid=False), which the env treats as a no-op and the advantage penalises.
+A module may also define `build_chat` / `parse_chat`: the versions for a pretrained chat model
+(an instruction it can follow), used for every model but the tiny one trained from scratch."""
 import importlib
+from types import SimpleNamespace
 
 
-def prompt_module(env_name):
+def prompt_module(env_name, chat=False):
+    """-> an object with build and parse; chat=True takes build_chat / parse_chat where defined."""
     try:
-        return importlib.import_module(f"prompts.{env_name}")
+        module = importlib.import_module(f"prompts.{env_name}")
     except ModuleNotFoundError as e:
         raise ValueError(f"no prompt module prompts/{env_name}.py for --env {env_name}") from e
+    if not chat:
+        return module
+    return SimpleNamespace(build=getattr(module, "build_chat", module.build),
+                           parse=getattr(module, "parse_chat", module.parse))

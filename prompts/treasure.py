@@ -1,14 +1,34 @@
 """Prompt and parser for the treasure hunt.
 
-The prompt is deliberately terse (about 14 tokens without memory): the default policy is a tiny
-model trained from scratch on a word-level vocabulary, and every prompt token costs it time. A
-pretrained chat model (--model NAME) gets the same words wrapped by its own chat template.
+Two prompts. `build` is deliberately terse (about 14 tokens without memory): the default policy is
+a tiny model trained from scratch on a word-level vocabulary, and every prompt token costs it time.
+`build_chat` is for pretrained chat models (--model NAME): it says what the game is, what the
+coordinates mean, what each move does and how to answer, in words such a model can follow
+(prompt_module picks it for any model but the tiny one). Both parsers want one admissible word;
+the chat one forgives case, surrounding spaces, quotes and a final full stop ("Down." is "down").
 """
+import re
+
+RULES = ("You are playing a treasure hunt on a grid. Positions are (row, column): row 0 is the top "
+         "row and rows count downwards; column 0 is the left column and columns count to the right. "
+         "Moves: up (row - 1), down (row + 1), left (column - 1), right (column + 1). A move into the "
+         "edge of the grid{walls} leaves you where you are. Reach the treasure in as few moves as you can.")
 
 
 def build(task, history_text, obs, admissible, step):
     history = f"{history_text} " if history_text else ""
     return [{"role": "user", "content": f"{history}{obs}"}]
+
+
+def build_chat(task, history_text, obs, admissible, step):
+    cells = re.findall(r"(at|treasure|wall) \((\d+), (\d+)\)", obs)
+    where = {k: f"row {r}, column {c}" for k, r, c in cells if k != "wall"}
+    walls = [f"({r}, {c})" for k, r, c in cells if k == "wall"]
+    state = (f"You are at {where.get('at', '?')}. The treasure is at {where.get('treasure', '?')}."
+             + (f" Walls: {', '.join(walls)}." if walls else ""))
+    memory = f"\nMemory: {history_text}" if history_text else ""
+    return [{"role": "user", "content": f"{RULES.format(walls=' or a wall' if walls else '')}{memory}\n"
+                                        f"{state}\nAnswer with one word: up, down, left or right."}]
 
 
 def parse(response_text, admissible):
@@ -17,3 +37,8 @@ def parse(response_text, admissible):
     if text in admissible:
         return text, True
     return text[-30:], False  # like the reference: the env still gets the text, a no-op here
+
+
+def parse_chat(response_text, admissible):
+    """As parse, after dropping surrounding quotes, asterisks and a final '.' or '!'."""
+    return parse((response_text or "").strip().strip("\"'*`").rstrip(".!").strip("\"'*` "), admissible)

@@ -123,6 +123,21 @@ def test_prompt_build_contains_obs_and_history():
     assert msgs[-1]["content"] == "visited (0, 0) at (1, 1) treasure (2, 2)"
 
 
+def test_chat_prompt_explains_the_game_and_parses_chat_replies():
+    p = prompt_module("treasure", chat=True)
+    text = p.build("t", "visited (0, 0)", "at (1, 3) treasure (4, 0) wall (2, 2)", list(MOVES), 0)[0]["content"]
+    for part in ("You are at row 1, column 3.", "The treasure is at row 4, column 0.", "Walls: (2, 2).",
+                 "down (row + 1)", "Memory: visited (0, 0)", "Answer with one word"):
+        assert part in text
+    adm = list(MOVES)
+    for reply, action in [("Down.", "down"), (" up\n", "up"), ("**Left**", "left"), ("'right'!", "right")]:
+        assert p.parse(reply, adm) == (action, True)
+    for junk in ["", None, "go down", "down, then left", "...", "x" * 100]:
+        action, valid = p.parse(junk, adm)
+        assert valid is False and isinstance(action, str) and len(action) <= 30
+    assert prompt_module("alfworld", chat=True).build is prompt_module("alfworld").build   # no chat variant
+
+
 def test_memories():
     steps = [("at (0, 0) treasure (2, 2)", "down"), ("at (1, 0) treasure (2, 2)", "up"),
              ("at (0, 0) treasure (2, 2)", "right")]

@@ -262,6 +262,17 @@ def test_policy_loss_token_count_microbatches():
     assert (l0 + l1).item() == pytest.approx(full.item()) == pytest.approx(-0.5)
 
 
+def test_tis_weights_truncate_and_scale_the_loss():
+    # trainer vs rollout log-probs: ratios e^0 = 1, e^1 = 2.72 (capped at 2), e^-1 = .37
+    w, trunc = G.tis_weights(_t([[-1.0, -1.0, -2.0]]), _t([[-1.0, -2.0, -1.0]]), cap=2.0)
+    close(w.numpy(), [[1.0, 2.0, math.exp(-1)]])
+    assert trunc.item() == pytest.approx(1 / 3) and not w.requires_grad
+    # ratio 1 (logp = old), A = 1: pg = -1 per token -> weighted mean -(1 + 2 + .37) / 3
+    logp, mask = _t([[-1.0, -1.0, -2.0]]), _t([[1.0, 1.0, 1.0]])
+    loss, _ = G.policy_loss(logp, logp, _t([1.0]), mask, weights=w)
+    assert loss.item() == pytest.approx(-(3 + math.exp(-1)) / 3)
+
+
 def test_kl_k3():
     logp = _t([-1.0, -2.0, -0.3])
     assert torch.all(G.kl_k3(logp, logp) == 0)
