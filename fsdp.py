@@ -31,8 +31,7 @@ def attn_implementation(device):
     if device.type != "cuda":
         return "sdpa"
     torch.backends.cuda.enable_cudnn_sdp(False)
-    import importlib.util
-    if importlib.util.find_spec("flash_attn") is not None:
+    if flash_attn_2():
         return "flash_attention_2"
     try:
         from torch.nn.attention.varlen import varlen_attn  # noqa: F401  (torch >= 2.10)
@@ -40,6 +39,19 @@ def attn_implementation(device):
         return "sdpa"
     register_varlen()
     return "torch_varlen"
+
+
+def flash_attn_2():
+    """Is flash-attn 2 installed? The module name alone does not say: flash-attn 4 installs a
+    `flash_attn` package too (flash_attn.cute), without the kernels transformers' flash_attention_2 calls."""
+    import importlib.metadata
+    import importlib.util
+    if importlib.util.find_spec("flash_attn") is None:
+        return False
+    try:
+        return importlib.metadata.version("flash-attn").split(".")[0] == "2"
+    except importlib.metadata.PackageNotFoundError:
+        return False
 
 
 def register_varlen():

@@ -65,6 +65,26 @@ def test_gpu_packed_varlen_and_padded_sdpa_give_the_same_loss():
     assert diff.max() < 0.1 and diff.mean() < 0.01 and abs(lp_pad.mean() - lp_pack.mean()) < 2e-3
 
 
+@pytest.mark.parametrize("installed, kernel", [("2.8.3", "flash_attention_2"), (None, "torch_varlen"),
+                                               ("4.0.0b4", "torch_varlen")])
+def test_flash_attn_2_is_told_by_its_distribution_version(monkeypatch, installed, kernel):
+    """flash-attn 4 also installs a `flash_attn` module: only the flash-attn 2 distribution counts,
+    else torch's varlen kernel (the GPU choice, made here with the lookups faked)."""
+    import importlib.metadata
+    import importlib.util
+    import fsdp
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: object() if name == "flash_attn" else real_find_spec(name, *a))
+
+    def version(name):
+        if installed is None or name not in ("flash-attn", "flash_attn"):
+            raise importlib.metadata.PackageNotFoundError(name)
+        return installed
+    monkeypatch.setattr(importlib.metadata, "version", version)
+    assert fsdp.attn_implementation(torch.device("cuda")) == kernel
+
+
 def test_varlen_attention_generates_like_sdpa_on_cpu():
     """The torch_varlen implementation (GPU update) hands every call that is not a packed row to SDPA:
     padded generation from such a model gives SDPA's tokens (this part runs on CPU too)."""
