@@ -11,6 +11,7 @@ import json
 import os
 import random
 import shutil
+import socket
 import sys
 
 import numpy as np
@@ -95,14 +96,14 @@ def dist_on():
 
 def setup_dist(cfg):
     """-> (rank, world, device). Under torchrun (RANK set): NCCL on GPU, gloo on CPU. A plain
-    `python train.py` on a GPU is rank 0 of a world of 1, so it takes the same FSDP2 (bf16) path;
-    on CPU it stays a plain single process."""
+    `python train.py` on a GPU is rank 0 of a world of 1 (on $MASTER_PORT, else a free port), so it
+    takes the same FSDP2 (bf16) path; on CPU it stays a plain single process."""
     cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
     if "RANK" not in os.environ and not cuda:
         return 0, 1, torch.device("cpu")
     if "RANK" not in os.environ:
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-                          MASTER_PORT=os.environ.get("MASTER_PORT", "29511"))
+                          MASTER_PORT=os.environ.get("MASTER_PORT") or str(free_port()))
     device = torch.device(f"cuda:{int(os.environ['LOCAL_RANK'])}" if cuda else "cpu")
     if cuda:
         torch.cuda.set_device(device)
@@ -112,6 +113,14 @@ def setup_dist(cfg):
     global _DIST
     _DIST = True
     return dist.get_rank(), dist.get_world_size(), device
+
+
+def free_port():
+    """A TCP port free on this host now (the OS picks it): a fixed one made a second run on the same
+    host fail with EADDRINUSE."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def all_reduce(x, op="sum"):

@@ -85,6 +85,35 @@ def test_flash_attn_2_is_told_by_its_distribution_version(monkeypatch, installed
     assert fsdp.attn_implementation(torch.device("cuda")) == kernel
 
 
+def test_single_process_run_rendezvous_on_a_free_port(monkeypatch):
+    """`python train.py` on a GPU makes its own world of 1: with MASTER_PORT unset it must pick a free
+    port (a fixed 29511 made a second run on the same host die with EADDRINUSE); a set one is kept.
+    The GPU and the process group are faked: only the port is under test."""
+    import socket
+    import fsdp
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    monkeypatch.setattr(os, "environ", env)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    monkeypatch.setattr(fsdp.dist, "init_process_group", lambda *a, **k: None)
+    monkeypatch.setattr(fsdp.dist, "get_rank", lambda: 0)
+    monkeypatch.setattr(fsdp.dist, "get_world_size", lambda: 1)
+    monkeypatch.setattr(fsdp, "_DIST", False)
+    with socket.socket() as held:       # another run's rendezvous on the old fixed port
+        held.bind(("127.0.0.1", 29511))
+        held.listen()
+        assert fsdp.setup_dist(train.Config()) == (0, 1, torch.device("cuda:0"))
+        port = int(env["MASTER_PORT"])
+        assert port != 29511
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))  # free
+    del env["RANK"]
+    env["MASTER_PORT"] = "29577"
+    fsdp.setup_dist(train.Config())
+    assert env["MASTER_PORT"] == "29577"
+
+
 def test_varlen_attention_generates_like_sdpa_on_cpu():
     """The torch_varlen implementation (GPU update) hands every call that is not a packed row to SDPA:
     padded generation from such a model gives SDPA's tokens (this part runs on CPU too)."""
