@@ -14,6 +14,8 @@ from envs import ENVS, GroupedEnvs, parse_env_args
 from memory import make_memory
 from rollout import rollout
 
+HELD_OUT = 10**9   # held-out seeds: HELD_OUT + [0, eval_episodes); training seeds skip [HELD_OUT, 2 HELD_OUT)
+
 
 def eval_plan(cfg):
     """The eval sets {name: (env kwargs, seeds)}. An env module with eval_sets(n) names its own
@@ -23,7 +25,7 @@ def eval_plan(cfg):
     if sets_fn is None:
         if cfg.eval_sets:
             raise ValueError(f"--eval_sets {cfg.eval_sets}: {cfg.env} has no named eval sets (it plays held-out seeds)")
-        return {"held-out": ({}, [10**9 + k for k in range(cfg.eval_episodes)])}
+        return {"held-out": ({}, [HELD_OUT + k for k in range(cfg.eval_episodes)])}
     return sets_fn(cfg.eval_episodes, names=[n for n in cfg.eval_sets.split(",") if n] or None)
 
 

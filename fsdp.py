@@ -11,6 +11,7 @@ import json
 import os
 import random
 import shutil
+import socket
 import sys
 
 import numpy as np
@@ -31,8 +32,7 @@ def attn_implementation(device):
     if device.type != "cuda":
         return "sdpa"
     torch.backends.cuda.enable_cudnn_sdp(False)
-    import importlib.util
-    if importlib.util.find_spec("flash_attn") is not None:
+    if flash_attn_2():
         return "flash_attention_2"
     try:
         from torch.nn.attention.varlen import varlen_attn  # noqa: F401  (torch >= 2.10)
@@ -40,6 +40,19 @@ def attn_implementation(device):
         return "sdpa"
     register_varlen()
     return "torch_varlen"
+
+
+def flash_attn_2():
+    """Is flash-attn 2 installed? The module name alone does not say: flash-attn 4 installs a
+    `flash_attn` package too (flash_attn.cute), without the kernels transformers' flash_attention_2 calls."""
+    import importlib.metadata
+    import importlib.util
+    if importlib.util.find_spec("flash_attn") is None:
+        return False
+    try:
+        return importlib.metadata.version("flash-attn").split(".")[0] == "2"
+    except importlib.metadata.PackageNotFoundError:
+        return False
 
 
 def register_varlen():
@@ -83,14 +96,14 @@ def dist_on():
 
 def setup_dist(cfg):
     """-> (rank, world, device). Under torchrun (RANK set): NCCL on GPU, gloo on CPU. A plain
-    `python train.py` on a GPU is rank 0 of a world of 1, so it takes the same FSDP2 (bf16) path;
-    on CPU it stays a plain single process."""
+    `python train.py` on a GPU is rank 0 of a world of 1 (on $MASTER_PORT, else a free port), so it
+    takes the same FSDP2 (bf16) path; on CPU it stays a plain single process."""
     cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
     if "RANK" not in os.environ and not cuda:
         return 0, 1, torch.device("cpu")
     if "RANK" not in os.environ:
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-                          MASTER_PORT=os.environ.get("MASTER_PORT", "29511"))
+                          MASTER_PORT=os.environ.get("MASTER_PORT") or str(free_port()))
     device = torch.device(f"cuda:{int(os.environ['LOCAL_RANK'])}" if cuda else "cpu")
     if cuda:
         torch.cuda.set_device(device)
@@ -100,6 +113,14 @@ def setup_dist(cfg):
     global _DIST
     _DIST = True
     return dist.get_rank(), dist.get_world_size(), device
+
+
+def free_port():
+    """A TCP port free on this host now (the OS picks it): a fixed one made a second run on the same
+    host fail with EADDRINUSE."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def all_reduce(x, op="sum"):

@@ -20,6 +20,9 @@ Choices and departures from the paper's text:
   * An episode group with one member uses mean 0 and std 1 (A^E = score, or
     score/(1+eps)), as the reference code does; the paper does not say.
   * A step group with one member gets A^S = 0 (nothing to compare against).
+  * mean_std_norm: a group whose members all tie (std <= eps) gets 0, also
+    with stats="traj" where its samples still differ by the invalid-action
+    penalty (dividing that by eps gave advantages of 5e4).
   * An invalid action costs `penalty` on that sample's score / step return
     only; the penalty is not discounted back to earlier steps.
 """
@@ -105,7 +108,10 @@ def group_stats_normalize(values, group_ids, norm, unit_ids=None, eps=1e-6):
       * unit_ids given (e.g. traj_ids): each unit counts once with value = the
         mean of its samples' values; sample i still uses its own x_i.
     std is unbiased (ddof=1). A group with a single member uses mean 0, std 1
-    (A = x, or x / (1 + eps)). A zero-variance group gives A = 0, never NaN.
+    (A = x, or x / (1 + eps)). A group whose members all tie (std_g <= eps)
+    gives A = 0 under mean_std_norm: nothing ranks them, and with unit_ids a
+    sample may still differ from its tied unit's mean (by the invalid-action
+    penalty), which (x - mean_g) / eps would blow up. mean_norm keeps x - mean_g.
     Returns (N,) float64. Raises ValueError on an unknown norm.
     """
     _check("norm", norm, NORMS)
@@ -126,7 +132,8 @@ def group_stats_normalize(values, group_ids, norm, unit_ids=None, eps=1e-6):
     if norm == "mean_norm":
         return x - m
     s = np.array([std[g] for g in group_ids], dtype=np.float64)
-    return (x - m) / (s + eps)
+    tied = s <= eps
+    return np.where(tied, 0.0, (x - m) / np.where(tied, 1.0, s + eps))
 
 
 def episode_advantage(scores, group_ids, traj_ids, norm="mean_std_norm", stats="step"):
@@ -219,7 +226,8 @@ def compute_advantages(rewards, traj_ids, group_ids, anchors, valid, *, algo="gi
       rloo:  A = leave-one-out on the episode scores
 
     All inputs (N,). A^E uses episode_scores, A^S uses step_returns and
-    step_groups. Empty input -> empty array. Raises ValueError on unequal
+    step_groups; under mean_std_norm a group whose members all tie adds 0
+    (group_stats_normalize). Empty input -> empty array. Raises ValueError on unequal
     lengths, a NaN/inf reward, a trajectory spread over two episode groups,
     or an unknown algo/norm/stats. Returns (N,) float64, always finite.
     """

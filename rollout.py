@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from tqdm import tqdm
+from transformers import GenerationConfig
 
 
 @dataclass
@@ -68,14 +69,21 @@ class HFEngine:
             ids[b, width - len(p):] = torch.tensor(p)
             mask[b, width - len(p):] = 1
         greedy = temperature == 0
-        was_training = model.training
+        # sample from the plain logits (at temperature, top_p), which the log-probs below and the
+        # trainer score: generate fills every field left unset from model.generation_config (e.g.
+        # Qwen2.5-Instruct's repetition_penalty and top_k), so that is swapped for this one meanwhile
+        config = GenerationConfig(do_sample=not greedy, temperature=None if greedy else temperature,
+                                  top_p=None if greedy else top_p, top_k=None if greedy else 0,
+                                  max_new_tokens=max_tokens, eos_token_id=eos, pad_token_id=pad,
+                                  output_logits=True, return_dict_in_generate=True)
+        was_training, own_config = model.training, model.generation_config
         model.eval()
-        out = model.generate(
-            input_ids=ids.to(device), attention_mask=mask.to(device), max_new_tokens=max_tokens,
-            do_sample=not greedy, temperature=None if greedy else temperature,
-            top_p=None if greedy else top_p, top_k=None if greedy else 0, eos_token_id=eos, pad_token_id=pad,
-            output_logits=True, return_dict_in_generate=True)
-        model.train(was_training)
+        model.generation_config = config
+        try:
+            out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device))
+        finally:
+            model.generation_config = own_config
+            model.train(was_training)
         seq = out.sequences[:, width:]                                        # (B, n)
         # log-prob of each sampled token, one position at a time, on the device: not all the logits
         # to the CPU (B x n x vocab floats: 3.4 GB for 134 rows x 128 tokens of a 49k vocab)

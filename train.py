@@ -28,7 +28,7 @@ from envs import ENVS, GroupedEnvs, make_env, parse_env_args
 from memory import MEMORIES, make_memory
 from ppo import score, update
 from prompts import prompt_module
-from evaluate import eval_plan, eval_what, evaluate, random_policy_success
+from evaluate import HELD_OUT, eval_plan, eval_what, evaluate, random_policy_success
 from fsdp import (PACKED_ATTN, add_lora, all_reduce, attn_implementation, balance_tokens, check_resume, dist_on,
                   finish_dist, full_parameters, load_checkpoint, save, setup_dist, shard)
 from rollout import HFEngine, make_engine, rollout, sync_weights
@@ -83,7 +83,7 @@ class Config:
     eval_every: int = 5            # greedy eval on held-out seeds every k iterations (and at the end)
     eval_episodes: int = 256       # held-out seeds 10**9 + [0, n): the same set every run
     eval_temperature: float = 0.0  # 0 = greedy (paper: 0.4 sampled)
-    seed: int = 0                  # seeds torch, python and the training env seeds
+    seed: int = 0                  # seeds torch, python and the training env seeds (train_seed)
     train_seeds: int = 0           # 0 = fresh env seeds every iteration; N = cycle N fixed tasks (overfit check)
     threads: int = 2               # torch CPU threads
     device: str = "auto"           # auto | cpu | cuda
@@ -132,6 +132,15 @@ def parse_args(argv):
             sys.exit(f"error: --{key} wants a {kind.__name__}, got {value!r}")
         i += 1
     return cfg
+
+
+def train_seed(seed, it, g, n_groups, train_seeds=0):
+    """The env seed of group g in iteration it: seed * 10**7 + it * n_groups + g (train_seeds = N:
+    + g % N, the same N tasks every iteration). A value that reaches HELD_OUT moves up by HELD_OUT,
+    past [HELD_OUT, 2 HELD_OUT), where the held-out seeds are: no --seed or --iterations trains on
+    them (--seed 100 did); below it (the default run: 32..8031) the seed is unchanged."""
+    raw = seed * 10**7 + (g % train_seeds if train_seeds else it * n_groups + g)
+    return raw + HELD_OUT if raw >= HELD_OUT else raw
 
 
 def check_config(cfg):
@@ -282,9 +291,8 @@ def main(argv=None):
     for it in bar:
         t_it = time.perf_counter()
         memories = [make_memory(cfg.memory, cfg.memory_k or None) for _ in range(envs.n)]
-        base = cfg.seed * 10**7
         groups_here = range(rank * local_groups, (rank + 1) * local_groups)
-        seeds = [base + (g % cfg.train_seeds if cfg.train_seeds else it * cfg.n_groups + g) for g in groups_here]
+        seeds = [train_seed(cfg.seed, it, g, cfg.n_groups, cfg.train_seeds) for g in groups_here]
         samples, episodes, timing = rollout(envs, engine, tok, prompt, memories, seeds, cfg.temperature,
                                             cfg.top_p, cfg.max_response_tokens)
         rewards, trajs, groups, anchors, valid = (

@@ -6,10 +6,12 @@
             countertop 1", "move apple 2 to fridge 1", ...); anything else answers "Nothing happens."
     reward: 10 when the task is done (episode ends), else 0; truncated after max_steps (50)
 
-The games of a split, in sorted path order, are the env's task list: reset(seed) plays game
-`seed % len(games)`, so a training run's fresh seeds walk through the train split and evaluation
-plays seeds 0..n-1, the whole split in the same order every run (`eval_sets`; the reference draws
-a random 128 each time). There is no randomness inside a game: the same seed, the same start.
+The games of a split are the env's task list: reset(seed) plays game `seed % len(games)`. Sorted
+paths come grouped by task type, so the train split is played in a fixed shuffled order (the same
+permutation every run): a training iteration's consecutive fresh seeds then span the task types,
+not one. Evaluation plays seeds 0..n-1 of a valid split in sorted order, the whole split the same
+every run (`eval_sets`; the reference draws a random 128 each time). There is no randomness inside
+a game: the same seed, the same start.
 
 Data: `$ALFWORLD_DATA/json_2.1.1/{train,valid_seen,valid_unseen}/<task>/<trial>/game.tw-pddl`, the
 layout `alfworld-download` makes (3553 / 140 / 134 games; movable and sliced tasks left out, as
@@ -20,6 +22,7 @@ Measured on 2 cores: load + reset ~0.8-1.2 s per game, step ~40-60 ms, ~10 MB pe
 import glob
 import json
 import os
+import random
 import tarfile
 
 import textworld
@@ -98,6 +101,8 @@ class ALFWorld:
 
     def __init__(self, split="train", data_dir=None, max_steps=50):
         self.games = game_files(split, data_dir)   # listed now: a missing data dir fails at once
+        if split == "train":   # sorted = grouped by task type; a fixed shuffle mixes the types
+            random.Random(0).shuffle(self.games)
         self.max_steps = max_steps
         self.env, self.gamefile = None, None
 

@@ -131,6 +131,26 @@ def test_killed_worker_is_replaced_and_its_episodes_truncated(data_dir, capfd):
         envs.close()
 
 
+def test_train_split_mixes_task_types_eval_splits_stay_sorted(tmp_path):
+    """Sorted game paths come grouped by task type, and an iteration's groups get consecutive seeds:
+    the train split must be played in a fixed shuffled order (so one iteration's 16 groups span the
+    types), the valid splits in sorted order. Only the paths matter: a fake tree, no real games."""
+    pytest.importorskip("alfworld", reason="alfworld is not installed (pip install -r requirements.txt)")
+    from envs.alfworld import TASK_TYPES, ALFWorld, task_type
+    for split in ("train", "valid_seen"):
+        for folder in TASK_TYPES:
+            for k in range(30):
+                game = tmp_path / "json_2.1.1" / split / f"{folder}-Apple-None-Fridge-{k}" / "trial_0"
+                game.mkdir(parents=True)
+                (game / "game.tw-pddl").write_text("{}")
+    train = ALFWorld("train", data_dir=str(tmp_path)).games
+    assert train == ALFWorld("train", data_dir=str(tmp_path)).games and train != sorted(train)   # fixed
+    for it in range(10):    # the paper's 16 groups an iteration, seeds it * 16 + g
+        assert len({task_type(train[(it * 16 + g) % len(train)]) for g in range(16)}) >= 4
+    valid = ALFWorld("valid_seen", data_dir=str(tmp_path)).games
+    assert valid == sorted(valid) and task_type(valid[0]) == task_type(valid[29])
+
+
 def test_eval_sets_cover_the_splits_in_order(data_dir):
     from envs.alfworld import ALFWorld, eval_sets
     sets = eval_sets(data_dir=data_dir)

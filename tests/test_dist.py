@@ -65,6 +65,55 @@ def test_gpu_packed_varlen_and_padded_sdpa_give_the_same_loss():
     assert diff.max() < 0.1 and diff.mean() < 0.01 and abs(lp_pad.mean() - lp_pack.mean()) < 2e-3
 
 
+@pytest.mark.parametrize("installed, kernel", [("2.8.3", "flash_attention_2"), (None, "torch_varlen"),
+                                               ("4.0.0b4", "torch_varlen")])
+def test_flash_attn_2_is_told_by_its_distribution_version(monkeypatch, installed, kernel):
+    """flash-attn 4 also installs a `flash_attn` module: only the flash-attn 2 distribution counts,
+    else torch's varlen kernel (the GPU choice, made here with the lookups faked)."""
+    import importlib.metadata
+    import importlib.util
+    import fsdp
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: object() if name == "flash_attn" else real_find_spec(name, *a))
+
+    def version(name):
+        if installed is None or name not in ("flash-attn", "flash_attn"):
+            raise importlib.metadata.PackageNotFoundError(name)
+        return installed
+    monkeypatch.setattr(importlib.metadata, "version", version)
+    assert fsdp.attn_implementation(torch.device("cuda")) == kernel
+
+
+def test_single_process_run_rendezvous_on_a_free_port(monkeypatch):
+    """`python train.py` on a GPU makes its own world of 1: with MASTER_PORT unset it must pick a free
+    port (a fixed 29511 made a second run on the same host die with EADDRINUSE); a set one is kept.
+    The GPU and the process group are faked: only the port is under test."""
+    import socket
+    import fsdp
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    monkeypatch.setattr(os, "environ", env)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    monkeypatch.setattr(fsdp.dist, "init_process_group", lambda *a, **k: None)
+    monkeypatch.setattr(fsdp.dist, "get_rank", lambda: 0)
+    monkeypatch.setattr(fsdp.dist, "get_world_size", lambda: 1)
+    monkeypatch.setattr(fsdp, "_DIST", False)
+    with socket.socket() as held:       # another run's rendezvous on the old fixed port
+        held.bind(("127.0.0.1", 29511))
+        held.listen()
+        assert fsdp.setup_dist(train.Config()) == (0, 1, torch.device("cuda:0"))
+        port = int(env["MASTER_PORT"])
+        assert port != 29511
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))  # free
+    del env["RANK"]
+    env["MASTER_PORT"] = "29577"
+    fsdp.setup_dist(train.Config())
+    assert env["MASTER_PORT"] == "29577"
+
+
 def test_varlen_attention_generates_like_sdpa_on_cpu():
     """The torch_varlen implementation (GPU update) hands every call that is not a packed row to SDPA:
     padded generation from such a model gives SDPA's tokens (this part runs on CPU too)."""

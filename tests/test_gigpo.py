@@ -80,6 +80,18 @@ def test_zero_variance_group_gives_zeros():
         close(out, [0, 0, 0, 0], tol=0)
 
 
+def test_traj_stats_tied_group_with_invalid_steps_stays_bounded():
+    # trajs a, b both return 1; a's step 1 and b's step 0 are invalid -> scores 1, .9, .9, 1.
+    # traj units: a = .95, b = .95 -> std 0: a tied group, A^E = 0 (was (+-.05) / 1e-6 = +-5e4)
+    out = G.compute_advantages([0, 1, 0, 1], ["a", "a", "b", "b"], [0] * 4, ["s0", "s1", "s0", "s2"],
+                               [True, False, False, True], norm="mean_std_norm", stats="traj", omega=0)
+    close(out, [0, 0, 0, 0], tol=0)
+    # step stats: samples 1, .9, .9, 1 -> mean .95, std sqrt(4 * .0025 / 3) = .057735 -> +-.866
+    step = G.compute_advantages([0, 1, 0, 1], ["a", "a", "b", "b"], [0] * 4, ["s0", "s1", "s0", "s2"],
+                                [True, False, False, True], norm="mean_std_norm", stats="step", omega=0)
+    close(step, [.866025, -.866025, -.866025, .866025], tol=1e-4)
+
+
 def test_step_vs_traj_statistics_differ():
     # traj A has 3 steps with score 1, traj B one step with score 0, one group.
     scores, gids, tids = [1, 1, 1, 0], [0, 0, 0, 0], ["A", "A", "A", "B"]

@@ -1,3 +1,5 @@
+import copy
+
 import torch
 
 from envs import GroupedEnvs
@@ -20,22 +22,48 @@ def test_prompt_ids_are_compact(tiny_model):
     assert tok.decode(ids) == "at 1 3 treasure 4 0 act"
 
 
+def argmax_decode(model, prompt, n, eos):
+    seq, out = list(prompt), []
+    with torch.no_grad():
+        for _ in range(n):
+            nxt = int(model(input_ids=torch.tensor([seq])).logits[0, -1].argmax())
+            out.append(nxt)
+            seq.append(nxt)
+            if nxt == eos:
+                break
+    return out
+
+
 def test_greedy_engine_equals_manual_argmax(tiny_model):
     model, tok = tiny_model
     prompts = prompts_for(tok, ["at (0, 0) treasure (4, 4)", "at (2, 3) treasure (1, 1)"])
     prompts[1] = prompts[1][2:]            # unequal lengths: exercises left padding
     outs = HFEngine(model, tok).generate(prompts, temperature=0, max_tokens=4)
     for p, (ids, lps) in zip(prompts, outs):
-        seq, manual = list(p), []
-        with torch.no_grad():
-            for _ in range(4):
-                logits = model(input_ids=torch.tensor([seq])).logits[0, -1]
-                nxt = int(logits.argmax())
-                manual.append(nxt)
-                seq.append(nxt)
-                if nxt == tok.eos_token_id:
-                    break
-        assert ids == manual and len(lps) == len(ids)
+        assert ids == argmax_decode(model, p, 4, tok.eos_token_id) and len(lps) == len(ids)
+
+
+def test_model_generation_config_does_not_shape_sampling(tiny_model):
+    """The engine samples from the plain logits it reports log-probs of (and the trainer recomputes):
+    a model's own generation_config (Qwen2.5-Instruct: repetition_penalty 1.1, top_k 20) must not
+    reshape the distribution. A huge repetition penalty here would keep every prompt token out."""
+    model, tok = tiny_model
+    model = copy.deepcopy(model)
+    model.generation_config.repetition_penalty, model.generation_config.top_k = 1e4, 1
+    engine = HFEngine(model, tok)
+    prompts = prompts_for(tok, ["at (0, 0) treasure (4, 4)", "at (1, 3) treasure (4, 0)"])
+    for p, (ids, _) in zip(prompts, engine.generate(prompts, temperature=0, max_tokens=4)):
+        assert ids == argmax_decode(model, p, 4, tok.eos_token_id)
+    p, n = prompts[0], 2000
+    torch.manual_seed(0)
+    outs = engine.generate([p] * n, temperature=1.0, max_tokens=1)
+    with torch.no_grad():
+        logp = torch.log_softmax(model(input_ids=torch.tensor([p])).logits[0, -1], -1)
+    assert all(abs(lps[0] - float(logp[ids[0]])) < 1e-4 for ids, lps in outs)
+    expected = float(logp[sorted(set(p))].exp().sum())      # 0.36: the plain mass on prompt tokens
+    share = sum(ids[0] in p for ids, _ in outs) / n
+    assert abs(share - expected) < 4 * (expected * (1 - expected) / n) ** 0.5, (share, expected)
+    assert model.generation_config.repetition_penalty == 1e4   # the model's own config is put back
 
 
 def test_sampled_logprobs_match_training_recompute(tiny_model):

@@ -36,6 +36,22 @@ def test_bad_input_is_one_line_before_work(args, words):
     assert "batch:" not in r.stdout   # stopped before any work
 
 
+def test_training_seeds_are_never_held_out_seeds():
+    """--seed 100 used to train on 10**9 + [0, 256), the held-out seeds; now no --seed or iteration
+    count reaches them, and the default run's seeds (--seed 0, 250 iterations x 32 groups) are as before."""
+    import train
+    from evaluate import HELD_OUT, eval_plan
+    held_out = set(eval_plan(train.Config())["held-out"][1])
+    assert held_out == set(range(10**9, 10**9 + 256))
+    assert [train.train_seed(0, it, g, 32) for it in range(1, 251) for g in range(32)] == list(range(32, 8032))
+    for seed in (0, 1, 99, 100, 101, 200, 12345, -1, -100):
+        for it in [*range(1, 300), *range(312_000, 313_000), 10**6, 10**9]:
+            seeds = {train.train_seed(seed, it, g, 32) for g in range(32)}
+            assert len(seeds) == 32 and not any(HELD_OUT <= s < 2 * HELD_OUT for s in seeds), (seed, it)
+        assert {train.train_seed(seed, it, g, 32, train_seeds=4) for it in (1, 9) for g in range(32)} \
+            .isdisjoint(held_out)
+
+
 def test_two_iterations_end_to_end(tmp_path):
     out = tmp_path / "run"
     r = run_train("--iterations", "2", "--eval_every", "1", "--n_groups", "4", "--group_size", "4",
