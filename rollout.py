@@ -126,13 +126,19 @@ class VLLMEngine:
         # starts in-process: keep the trainer's RNG streams and thread count (--threads) as they were
         rng, threads, set_threads = (torch.get_rng_state(), random.getstate(), np.random.get_state()), \
             torch.get_num_threads(), torch.set_num_threads
+        kw = dict(skip_tokenizer_init=True, load_format="dummy", dtype=model.dtype if cpu else torch.bfloat16,
+                  logprobs_mode="processed_logprobs", generation_config="vllm",
+                  kv_cache_memory_bytes=kv_cache_mb << 20 if cpu else None,
+                  gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=not cpu)
         try:
-            self.llm = LLM(folder, skip_tokenizer_init=True, load_format="dummy",
-                           dtype=model.dtype if cpu else torch.bfloat16, enforce_eager=cpu,
-                           compilation_config=None if cpu else {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"},
-                           logprobs_mode="processed_logprobs", generation_config="vllm",
-                           kv_cache_memory_bytes=kv_cache_mb << 20 if cpu else None,
-                           gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=not cpu)
+            if cpu:
+                self.llm = LLM(folder, enforce_eager=True, **kw)
+            else:
+                try:
+                    self.llm = LLM(folder, compilation_config={"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}, **kw)
+                except Exception as e:   # a vLLM build without this graph mode: still usable, slower
+                    print(f"warning: vLLM with CUDA graphs failed ({str(e).strip()[:200]}); running it eager")
+                    self.llm = LLM(folder, enforce_eager=True, **kw)
         finally:
             torch.set_num_threads = set_threads
             set_threads(threads)

@@ -29,6 +29,7 @@ from prompts import prompt_module                                               
 from rollout import HFEngine, VLLMEngine, render_prompts, sync_weights            # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+UTIL = 0.08   # the engine's share of the GPU: small, so the tests can run beside training runs
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +40,7 @@ def setup(tmp_path_factory):
     model.save_pretrained(folder)
     tok.save_pretrained(folder)
     model = model.to("cuda", torch.bfloat16).eval()
-    engine = VLLMEngine(model, tok.eos_token_id, 0, gpu_memory_utilization=0.3)
+    engine = VLLMEngine(model, tok.eos_token_id, 0, gpu_memory_utilization=UTIL)
     return model, tok, engine, folder
 
 
@@ -48,6 +49,15 @@ def chat_prompts(tok):
     obs = [f"at ({r}, {c}) treasure ({c}, {4 - r})" for r in range(5) for c in range(5)]
     obs += [f"at ({r}, {r}) treasure ({4 - r}, 0)" for r in range(5)] + ["at (0, 0) treasure (4, 4)"] * 2
     return render_prompts(tok, [p.build("t", "", o, [], 0) for o in obs])
+
+
+def used_gib():
+    """GPU memory this process holds (NVML, per process: other jobs on the GPU do not count)."""
+    import pynvml
+    pynvml.nvmlInit()
+    handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
+    return sum(p.usedGpuMemory or 0 for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+               if p.pid == os.getpid()) / 2**30
 
 
 def compare(engine, model, tok, prompts, max_tokens=24):
@@ -82,16 +92,16 @@ def test_sleep_frees_memory_and_wake_restores_it(setup):
     model, tok, engine, _ = setup
     prompts = chat_prompts(tok)
     before = engine.generate(prompts, temperature=0, max_tokens=8)
-    gib = lambda: torch.cuda.mem_get_info()[0] / 2**30                             # noqa: E731
     torch.cuda.synchronize()
-    awake = gib()
+    awake = used_gib()
     engine.sleep()
-    asleep = gib()
+    asleep = used_gib()
     engine.wake()
     sync_weights(engine, model.state_dict().items())   # as train.py does after every update
-    woken = gib()
-    print(f"\nGPU memory free: awake {awake:.1f} GiB, asleep {asleep:.1f} GiB, woken {woken:.1f} GiB")
-    assert asleep - awake > 10, "sleep freed less than 10 GiB (the engine holds ~0.3 of the GPU)"
+    woken = used_gib()
+    print(f"\nGPU memory held by this process: awake {awake:.1f} GiB, asleep {asleep:.1f} GiB, woken {woken:.1f} GiB")
+    share = UTIL * torch.cuda.mem_get_info()[1] / 2**30
+    assert awake - asleep > share / 2, f"sleep freed less than half of the engine's {share:.1f} GiB"
     assert abs(woken - awake) < 2
     assert engine.generate(prompts, temperature=0, max_tokens=8) == before
 
@@ -104,7 +114,7 @@ def test_train_py_logp_gap_on_gpu(setup, engine_kind, tmp_path):
     r = subprocess.run([sys.executable, "train.py", "--model", folder, "--engine", engine_kind, "--iterations", "3",
                         "--n_groups", "4", "--group_size", "4", "--max_response_tokens", "4", "--lr", "1e-5",
                         "--lr_min", "1", "--eval_every", "3", "--eval_episodes", "16", "--tis_cap", "2",
-                        "--gpu_memory_utilization", "0.2", "--out_dir", str(tmp_path)],
+                        "--gpu_memory_utilization", "0.04", "--out_dir", str(tmp_path)],
                        cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     lines = [json.loads(x) for x in open(tmp_path / "metrics.jsonl")]
