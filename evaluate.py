@@ -2,7 +2,8 @@
 
 An env module may define `eval_sets(n)` -> {name: (env kwargs, seeds)} (ALFWorld: valid_seen and
 valid_unseen, whole splits in order); otherwise the held-out seeds 10**9 + [0, eval_episodes) are
-played, the same every run.
+played, the same every run. Each set is reported on its own, never averaged with another: ALFWorld's
+splits measure different things (in and out of distribution), and the paper reports them apart.
 """
 import importlib
 import random
@@ -44,39 +45,51 @@ def eval_envs_for(cfg, envs, kwargs, seeds):
                        **{**parse_env_args(cfg.env, cfg.env_args), **kwargs}) if kwargs else envs
 
 
-def evaluate(tok, cfg, envs, prompt, engine, detail=None):
-    """Episodes at eval_temperature (0 = greedy) on the eval sets -> success over all of them. For
-    named sets, prints the success of each and per task type (info["task_type"]) where there is one,
-    and puts them in `detail` ({"valid_seen": .., "valid_seen/pick": .., ...}) when it is a dict."""
-    won = []
+def evaluate(tok, cfg, envs, prompt, engine):
+    """Episodes at eval_temperature (0 = greedy) on the eval sets -> {set: success}, in eval_plan's
+    order, plus {"set/type": success} per task type (info["task_type"]) where there is one. Prints a
+    line per named set: its success, per task type, and the share of invalid-action steps."""
+    rates = {}
     for name, (kwargs, seeds) in eval_plan(cfg).items():
         set_envs = eval_envs_for(cfg, envs, kwargs, seeds)
         memories = [make_memory(cfg.memory, cfg.memory_k or None) for _ in range(set_envs.n)]
         _, episodes, _ = rollout(set_envs, engine, tok, prompt, memories, seeds, cfg.eval_temperature,
                                  1.0, cfg.max_response_tokens, desc=f"eval {name}" if kwargs else None)
-        won += [e["won"] for e in episodes]
+        rates[name] = float(np.mean([e["won"] for e in episodes]))
         if set_envs is not envs:
             set_envs.close()
             by_type = {}                                    # task type -> [won, ...]
             for e in episodes:
                 if e.get("task_type"):
                     by_type.setdefault(e["task_type"], []).append(e["won"])
-            rates = {name: float(np.mean([e["won"] for e in episodes]))} | \
-                {f"{name}/{t}": float(np.mean(w)) for t, w in sorted(by_type.items())}
-            if detail is not None:
-                detail.update(rates)
+            rates |= {f"{name}/{t}": float(np.mean(w)) for t, w in sorted(by_type.items())}
             per_type = " ".join(f"{t} {rates[f'{name}/{t}']:.3f} ({len(w)})" for t, w in sorted(by_type.items()))
             invalid = sum(e["invalid"] for e in episodes) / max(1, sum(e["length"] for e in episodes))
             tqdm.write(f"eval {name}: success {rates[name]:.3f} over {len(episodes)} games, "
                        f"invalid actions {invalid:.3f} of steps | {per_type}")
-    return float(np.mean(won))
+    return rates
+
+
+def headline(rates):
+    """eval_success: the first eval set's success, not a mean over sets. The held-out seeds; ALFWorld:
+    valid_seen (in distribution, the paper's headline), or the first set --eval_sets names."""
+    return next(iter(rates.values()))
+
+
+def success_text(rates):
+    """'0.953' for the held-out seeds; 'valid_seen 0.871, valid_unseen 0.802' for named sets."""
+    sets = {name: r for name, r in rates.items() if "/" not in name}
+    if list(sets) == ["held-out"]:
+        return f"{sets['held-out']:.3f}"
+    return ", ".join(f"{name} {r:.3f}" for name, r in sets.items())
 
 
 def random_policy_success(cfg, envs):
-    """The same eval episodes played by a uniformly random admissible action."""
-    rng, wins = random.Random(0), []
-    for kwargs, seeds in eval_plan(cfg).values():
+    """The same eval episodes played by a uniformly random admissible action -> {set: success}."""
+    rng, rates = random.Random(0), {}
+    for name, (kwargs, seeds) in eval_plan(cfg).items():
         set_envs = eval_envs_for(cfg, envs, kwargs, seeds)
+        wins = []
         obs, infos = set_envs.reset(seeds)
         active = list(range(set_envs.n))
         while active:
@@ -88,4 +101,5 @@ def random_policy_success(cfg, envs):
             active = [i for i in active if not (res[i][2] or res[i][3])]
         if set_envs is not envs:
             set_envs.close()
-    return float(np.mean(wins))
+        rates[name] = float(np.mean(wins))
+    return rates

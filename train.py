@@ -6,7 +6,8 @@
 
 One iteration: collect (rollout.py) -> advantages (gigpo.py) -> PPO-style update (ppo.py; old log-probs
 recomputed by this model; token-mean loss; optional KL to a frozen reference) -> push weights to the
-engine -> log -> greedy evaluation on held-out seeds every `eval_every` -> save.
+engine -> log -> evaluation every `eval_every` (greedy on held-out seeds; an env's own sets, e.g.
+ALFWorld's splits at T=0.4, each reported apart) -> save.
 """
 import contextlib
 import copy
@@ -28,7 +29,7 @@ from envs import ENVS, GroupedEnvs, make_env, parse_env_args
 from memory import MEMORIES, make_memory
 from ppo import score, update
 from prompts import prompt_module
-from evaluate import HELD_OUT, eval_plan, eval_what, evaluate, random_policy_success
+from evaluate import HELD_OUT, eval_plan, eval_what, evaluate, headline, random_policy_success, success_text
 from fsdp import (PACKED_ATTN, add_lora, all_reduce, attn_implementation, balance_tokens, check_resume, dist_on,
                   finish_dist, full_parameters, load_checkpoint, save, setup_dist, shard)
 from rollout import HFEngine, make_engine, rollout, sync_weights
@@ -80,7 +81,7 @@ class Config:
     grad_ckpt: bool = False        # activation checkpointing (saves memory on big models, costs ~1/3 more compute)
     lora_rank: int = 0             # > 0: train LoRA adapters of this rank (peft, all linear layers) instead of all weights
     # evaluation, logging, io
-    eval_every: int = 5            # greedy eval on held-out seeds every k iterations (and at the end)
+    eval_every: int = 5            # evaluate (evaluate.py) every k iterations (and at the end)
     eval_episodes: int = 256       # held-out seeds 10**9 + [0, n): the same set every run
     eval_temperature: float = 0.0  # 0 = greedy (paper: 0.4 sampled)
     seed: int = 0                  # seeds torch, python and the training env seeds (train_seed)
@@ -228,11 +229,11 @@ def main(argv=None):
     if cfg.eval_only:
         model, tok = load_model(cfg, device)
         engine = make_engine(cfg.engine, model, tok, cfg.kv_cache_mb, cfg.gpu_memory_utilization)
-        eval_success = evaluate(tok, cfg, eval_envs, prompt, engine) if rank == 0 else None
-        print0(f"eval-only success {eval_success:.3f} ({eval_what(cfg)}; model {cfg.model})")
+        rates = evaluate(tok, cfg, eval_envs, prompt, engine) if rank == 0 else None
+        print0(f"eval-only success {rates and success_text(rates)} ({eval_what(cfg)}; model {cfg.model})")
         eval_envs and eval_envs.close()
         finish_dist(engine)
-        return eval_success
+        return rates and headline(rates)
     envs = GroupedEnvs(cfg.env, local_groups, cfg.group_size, workers=cfg.env_workers, **env_args)
     max_steps = getattr(envs.envs[0], "max_steps", None) if envs.workers == 0 else None
 
@@ -271,7 +272,8 @@ def main(argv=None):
         sync_weights(engine, full_parameters(model))
         print0(f"resumed from {cfg.out_dir}/ckpt at iteration {start}")
     baseline = random_policy_success(cfg, eval_envs) if rank == 0 else None
-    print0(f"random policy on the eval episodes ({eval_what(cfg).split(',')[0]}): success {baseline}")
+    print0(f"random policy on the eval episodes ({eval_what(cfg).split(',')[0]}): success "
+           f"{baseline and success_text(baseline)}")
 
     os.makedirs(cfg.out_dir, exist_ok=True)
     log_path = os.path.join(cfg.out_dir, "metrics.jsonl")
@@ -285,7 +287,7 @@ def main(argv=None):
         wandb.init(project="gigpo", config=dataclasses.asdict(cfg))
     n_params = sum(p.numel() for p in model.parameters())
     t_run = time.perf_counter()
-    eval_success, eval_detail = None, {}   # eval_detail: per named eval set / task type (ALFWorld)
+    eval_success, eval_rates = None, {}   # the headline; every set (and task type) on its own
     bar = tqdm(range(start + 1, cfg.iterations + 1), desc="train", dynamic_ncols=True, disable=rank != 0,
                initial=start, total=cfg.iterations)
     for it in bar:
@@ -329,7 +331,9 @@ def main(argv=None):
         t_sync = time.perf_counter() - t0 + t_sleep
 
         if it % cfg.eval_every == 0 or it == cfg.iterations:
-            eval_success = evaluate(tok, cfg, eval_envs, prompt, engine, eval_detail) if rank == 0 else None
+            if rank == 0:
+                eval_rates = evaluate(tok, cfg, eval_envs, prompt, engine)
+                eval_success = headline(eval_rates)
             save(model, tok, opt, sched, cfg, it, rank, gen_model)
         dt = time.perf_counter() - t_it
         # global episode numbers (all ranks); timings and update stats are rank 0's
@@ -349,7 +353,8 @@ def main(argv=None):
             **upd, "time_gen": timing["gen"], "time_env": timing["env"],
             "time_rollout_other": timing["other"], "time_update": t_update, "time_sync": t_sync,
             "time_iteration": dt, "samples_per_s": tot[4] / dt, "update_tokens_per_s": tokens / t_update,
-            "eval_success": eval_success, **({"eval_sets": dict(eval_detail)} if eval_detail else {}),
+            "eval_success": eval_success,   # named sets (ALFWorld): also eval_success/<set>[/<task type>]
+            **{f"eval_success/{k}": v for k, v in eval_rates.items() if k != "held-out"},
             "wall": time.perf_counter() - t_run,
         }
         if cfg.peak_tflops:  # forward (old log-probs) + forward/backward (update): 2N + 6N per token
@@ -372,14 +377,15 @@ def main(argv=None):
     bar.close()
     envs.close()
     if eval_success is None and rank == 0:  # resumed at the end: nothing trained, still report
-        eval_success = evaluate(tok, cfg, eval_envs, prompt, engine)
+        eval_rates = evaluate(tok, cfg, eval_envs, prompt, engine)
+        eval_success = headline(eval_rates)
     if rank != 0:
         finish_dist(engine)
         return None
     log.close()
     eval_envs and eval_envs.close()
     print(f"done in {time.perf_counter() - t_run:.0f}s; model saved to {cfg.out_dir}/model")
-    print(f"held-out success {eval_success:.3f} ({eval_what(cfg)}; random policy {baseline:.3f})")
+    print(f"held-out success {success_text(eval_rates)} ({eval_what(cfg)}; random policy {success_text(baseline)})")
     finish_dist(engine)
     return eval_success
 

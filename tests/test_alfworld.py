@@ -4,6 +4,7 @@ type and split, 36 games, a few seconds) from the archive at $ALFWORLD_ARCHIVE o
 that need games skip. The worker-restart test runs on the treasure game too, so CI always has it."""
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -196,16 +197,22 @@ def test_train_one_iteration_then_eval_only(data_dir, tmp_path):
     config = json.loads(r.stdout.split("config: ", 1)[1].splitlines()[0])
     assert (config["memory"], config["memory_k"], config["lr"], config["n_groups"]) == ("window", 2, 1e-6, 2)
     assert "eval valid_seen: success" in r.stdout and "eval valid_unseen: success" in r.stdout
-    last = r.stdout.strip().splitlines()[-1]
-    assert last.startswith("held-out success") and "valid_seen 1 + valid_unseen 1 games, T=0.4" in last
+    last = r.stdout.strip().splitlines()[-1]      # each split apart, never their mean
+    assert re.fullmatch(r"held-out success valid_seen 0\.000, valid_unseen 0\.000 \(valid_seen 1 \+ "
+                        r"valid_unseen 1 games, T=0\.4; random policy valid_seen \d\.\d{3}, "
+                        r"valid_unseen \d\.\d{3}\)", last), last
     row = json.loads(open(out / "metrics.jsonl").read().splitlines()[-1])
     assert row["samples"] == 4 * 50 and row["valid_ratio"] == 0.0 and row["episode_length"] == 50
-    assert {"valid_seen", "valid_unseen"} <= set(row["eval_sets"])     # per split (and task type)
+    split_keys = {k for k in row if k.startswith("eval_success/")}   # per split and per task type
+    assert {"eval_success/valid_seen", "eval_success/valid_unseen"} <= split_keys
+    assert {k.count("/") for k in split_keys} == {1, 2} and "eval_sets" not in row
+    assert row["eval_success"] == row["eval_success/valid_seen"]     # the headline: the first set
     print(f"train + eval: {time.time() - t0:.0f}s")
     r = subprocess.run([sys.executable, "train.py", "--env", "alfworld", "--eval_only", "1", "--model",
                         str(out / "model"), "--eval_sets", "valid_unseen", "--eval_episodes", "1",
                         "--max_response_tokens", "4", "--env_workers", "0", "--n_groups", "1", "--group_size", "2"],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.strip().splitlines()[-1].startswith("eval-only success 0.000 (valid_unseen 1 games, T=0.4")
+    assert r.stdout.strip().splitlines()[-1].startswith("eval-only success valid_unseen 0.000 (valid_unseen 1 games, "
+                                                        "T=0.4")
     assert "over 1 games, invalid actions 1.000 of steps" in r.stdout   # 4 tokens: never both tags
