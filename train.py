@@ -295,6 +295,11 @@ def main(argv=None):
         seeds = [train_seed(cfg.seed, it, g, cfg.n_groups, cfg.train_seeds) for g in groups_here]
         samples, episodes, timing = rollout(envs, engine, tok, prompt, memories, seeds, cfg.temperature,
                                             cfg.top_p, cfg.max_response_tokens)
+        # a dead env worker cut these episodes short (envs/vector.py): their returns say nothing about
+        # the policy, so they are neither trained on nor counted in success
+        dead = {i for i, e in enumerate(episodes) if e.get("worker_died")}
+        samples = [s for s in samples if s.traj not in dead]
+        episodes = [e for e in episodes if not e.get("worker_died")]
         rewards, trajs, groups, anchors, valid = (
             [getattr(s, f) for s in samples] for f in ("reward", "traj", "group", "anchor", "valid"))
         try:  # NaN/inf rewards fail here, loudly, in one line (the last checkpoint stays)
@@ -335,12 +340,13 @@ def main(argv=None):
         # global episode numbers (all ranks); timings and update stats are rank 0's
         tot = all_reduce(torch.tensor([sum(e["won"] for e in episodes), sum(e["return"] for e in episodes),
                                        sum(e["length"] for e in episodes), len(episodes), len(samples),
-                                       sum(s.valid for s in samples), float(gap.sum()), len(gap)],
+                                       sum(s.valid for s in samples), float(gap.sum()), len(gap), len(dead)],
                                       dtype=torch.float64)).tolist()
         tokens = all_reduce(sum(len(s.prompt_ids) + len(s.response_ids) for s in samples))
         m = {
             "iteration": it, "success": tot[0] / tot[3], "reward": tot[1] / tot[3],
             "valid_ratio": tot[5] / tot[4], "episode_length": tot[2] / tot[3], "samples": tot[4],
+            "worker_died": tot[8],
             "prompt_tokens": np.mean([len(s.prompt_ids) for s in samples]),
             "response_tokens": np.mean([len(s.response_ids) for s in samples]),
             "adv_abs": float(np.abs(adv).mean()), "logp_gap": tot[6] / tot[7], "lr": sched.get_last_lr()[0],

@@ -126,3 +126,31 @@ def test_nan_reward_is_one_line(tmp_path, monkeypatch):
     with pytest.raises(SystemExit, match="iteration 1: NaN/inf reward"):
         train.main(["--iterations", "1", "--n_groups", "2", "--group_size", "2", "--eval_episodes", "2",
                     "--out_dir", str(tmp_path)])
+
+
+def test_dead_worker_episodes_are_neither_trained_on_nor_counted(tmp_path, monkeypatch):
+    """Episodes a dead env worker cut short (info["worker_died"], envs/vector.py) used to count as
+    failures in `success` and go into the update. Here env 0's worker "dies" at its first step and
+    every other episode wins at once: success is 1.0 and no sample of env 0 is trained on."""
+    import train
+    from envs import GroupedEnvs
+    from envs.treasure import TreasureHunt
+    monkeypatch.setattr(TreasureHunt, "step", lambda self, a: (self._obs(), 1.0, True, False, self._info(True)))
+    real_step, real_update, trained = GroupedEnvs.step, train.update, []
+
+    def step(self, actions):
+        res = real_step(self, actions)
+        if self.n == 4 and 0 in res:      # the training envs (the eval envs are 2 groups of 1)
+            res[0] = self._truncated(0)   # what a dead worker's env returns
+        return res
+
+    def update(model, opt, sched, samples, *a, **k):
+        trained.extend(s.traj for s in samples)
+        return real_update(model, opt, sched, samples, *a, **k)
+    monkeypatch.setattr(GroupedEnvs, "step", step)
+    monkeypatch.setattr(train, "update", update)
+    train.main(["--iterations", "1", "--n_groups", "2", "--group_size", "2", "--eval_episodes", "2",
+                "--engine", "hf", "--out_dir", str(tmp_path)])
+    row = json.loads(open(tmp_path / "metrics.jsonl").readline())
+    assert (row["success"], row["samples"]) == (1.0, 3) and sorted(trained) == [1, 2, 3]
+    assert row["worker_died"] == 1
