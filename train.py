@@ -29,8 +29,9 @@ from memory import MEMORIES, make_memory
 from ppo import score, update
 from prompts import prompt_module
 from evaluate import HELD_OUT, eval_plan, eval_what, evaluate, random_policy_success
-from fsdp import (PACKED_ATTN, add_lora, all_reduce, attn_implementation, balance_tokens, check_resume, dist_on,
-                  finish_dist, full_parameters, load_checkpoint, save, setup_dist, shard)
+from fsdp import (PACKED_ATTN, add_lora, all_reduce, attn_implementation, balance_tokens, check_resume,
+                  checkpoint_path, dist_on, fail, finish_dist, full_parameters, load_checkpoint, save, setup_dist,
+                  shard)
 from rollout import HFEngine, make_engine, rollout, sync_weights
 
 
@@ -193,6 +194,23 @@ def check_config(cfg):
         bad(str(e))
 
 
+def kept_log(path, upto):
+    """The lines of metrics.jsonl up to iteration `upto` (the checkpoint's; resume redoes the rest).
+    A half-written last line (a kill mid-write) is dropped; a damaged line before it is an error."""
+    lines = open(path).readlines() if os.path.exists(path) else []
+    kept = []
+    for k, line in enumerate(lines):
+        try:
+            it = json.loads(line)["iteration"]
+        except (ValueError, KeyError, TypeError):
+            if k == len(lines) - 1:
+                break
+            fail(f"--resume: line {k + 1} of {path} is not a metrics line; remove it or use another --out_dir")
+        if it <= upto:
+            kept.append(line if line.endswith("\n") else line + "\n")
+    return kept
+
+
 def load_model(cfg, device):
     if cfg.model == "tiny":
         from tiny import build_tiny
@@ -212,6 +230,8 @@ def main(argv=None):
     cfg = parse_args(sys.argv[1:] if argv is None else argv)
     check_config(cfg)
     meta = check_resume(cfg) if cfg.resume else None
+    log_path = os.path.join(cfg.out_dir, "metrics.jsonl")
+    kept = kept_log(log_path, meta["iteration"]) if meta else []
     rank, world, device = setup_dist(cfg)
     if cfg.n_groups % world:
         sys.exit(f"error: --n_groups {cfg.n_groups} must divide over {world} ranks (each owns whole groups)")
@@ -269,15 +289,15 @@ def main(argv=None):
     start = load_checkpoint(model, opt, sched, cfg, rank, meta) if meta else 0
     if start:
         sync_weights(engine, full_parameters(model))
-        print0(f"resumed from {cfg.out_dir}/ckpt at iteration {start}")
+        print0(f"resumed from {checkpoint_path(cfg.out_dir)} at iteration {start}")
     baseline = random_policy_success(cfg, eval_envs) if rank == 0 else None
     print0(f"random policy on the eval episodes ({eval_what(cfg).split(',')[0]}): success {baseline}")
 
     os.makedirs(cfg.out_dir, exist_ok=True)
-    log_path = os.path.join(cfg.out_dir, "metrics.jsonl")
     if rank == 0 and start:  # keep the log of the iterations the checkpoint holds, drop the rest
-        kept = [l for l in open(log_path) if json.loads(l)["iteration"] <= start] if os.path.exists(log_path) else []
-        open(log_path, "w").writelines(kept)
+        with open(log_path + ".tmp", "w") as f:
+            f.writelines(kept)
+        os.replace(log_path + ".tmp", log_path)   # a kill here keeps the old log whole
     log = open(log_path, "a" if start else "w") if rank == 0 else None
     wandb = None
     if cfg.wandb and rank == 0:
@@ -333,9 +353,9 @@ def main(argv=None):
         sync_weights(engine, full_parameters(model))
         t_sync = time.perf_counter() - t0 + t_sleep
 
-        if it % cfg.eval_every == 0 or it == cfg.iterations:
+        checkpoint = it % cfg.eval_every == 0 or it == cfg.iterations
+        if checkpoint:
             eval_success = evaluate(tok, cfg, eval_envs, prompt, engine, eval_detail) if rank == 0 else None
-            save(model, tok, opt, sched, cfg, it, rank, gen_model)
         dt = time.perf_counter() - t_it
         # global episode numbers (all ranks); timings and update stats are rank 0's
         tot = all_reduce(torch.tensor([sum(e["won"] for e in episodes), sum(e["return"] for e in episodes),
@@ -360,11 +380,14 @@ def main(argv=None):
         }
         if cfg.peak_tflops:  # forward (old log-probs) + forward/backward (update): 2N + 6N per token
             m["mfu"] = (2 + 6 * cfg.ppo_epochs) * n_params * tokens / t_update / (cfg.peak_tflops * 1e12 * world)
+        if rank == 0:   # the line first, then the checkpoint: ckpt/ and model/ never lead the log
+            m = {k: (float(v) if isinstance(v, (np.floating, np.integer)) else v) for k, v in m.items()}
+            log.write(json.dumps(m) + "\n")
+            log.flush()
+        if checkpoint:
+            save(model, tok, opt, sched, cfg, it, rank, gen_model)
         if rank != 0:
             continue
-        m = {k: (float(v) if isinstance(v, (np.floating, np.integer)) else v) for k, v in m.items()}
-        log.write(json.dumps(m) + "\n")
-        log.flush()
         if wandb:
             wandb.log({k: v for k, v in m.items() if isinstance(v, (int, float))}, step=it)
         bar.set_postfix(success=f"{m['success']:.2f}", reward=f"{m['reward']:.2f}",
