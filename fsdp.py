@@ -346,6 +346,12 @@ def _local(t):
     return t.to_local() if hasattr(t, "to_local") else t
 
 
+def all_finite(tensors):
+    """Are all these tensors (this rank's shards) finite on every rank?"""
+    bad = sum(int(not bool(torch.isfinite(_local(t).detach()).all())) for t in tensors)
+    return not all_reduce(bad, "max")
+
+
 def finish_dist(engine):
     """Leave the process group; a vLLM engine tears the groups down itself at exit (destroying them
     first makes its shutdown fail)."""

@@ -29,7 +29,7 @@ from memory import MEMORIES, make_memory
 from ppo import score, update
 from prompts import prompt_module
 from evaluate import HELD_OUT, eval_plan, eval_what, evaluate, random_policy_success
-from fsdp import (PACKED_ATTN, add_lora, all_reduce, attn_implementation, balance_tokens, check_resume,
+from fsdp import (PACKED_ATTN, add_lora, all_finite, all_reduce, attn_implementation, balance_tokens, check_resume,
                   checkpoint_path, dist_on, fail, finish_dist, full_parameters, load_checkpoint, save, setup_dist,
                   shard)
 from rollout import HFEngine, make_engine, rollout, sync_weights
@@ -306,6 +306,7 @@ def main(argv=None):
     n_params = sum(p.numel() for p in model.parameters())
     t_run = time.perf_counter()
     eval_success, eval_detail = None, {}   # eval_detail: per named eval set / task type (ALFWorld)
+    saved = start                          # the iteration ckpt/ and model/ hold
     bar = tqdm(range(start + 1, cfg.iterations + 1), desc="train", dynamic_ncols=True, disable=rank != 0,
                initial=start, total=cfg.iterations)
     for it in bar:
@@ -345,6 +346,13 @@ def main(argv=None):
                 ref_lp = score(model if ref is None else ref, samples, cfg, device, tok.pad_token_id, packed)
         gap = torch.cat([(o - torch.tensor(s.logprobs)).abs() for o, s in zip(old, samples)])
         upd = update(model, opt, sched, samples, old, ref_lp, adv, cfg, device, tok.pad_token_id, packed)
+        # NaN/inf from any cause (a huge --lr, a bad input) stops here, before it reaches ckpt/ or model/
+        finite = all_finite(p for p in model.parameters())
+        if not (finite and math.isfinite(upd["loss"]) and math.isfinite(upd["grad_norm"])):
+            fail(f"iteration {it}: non-finite update (loss {upd['loss']:.4g}, grad norm {upd['grad_norm']:.4g}, "
+                 f"weights {'finite' if finite else 'not finite'}); stopped before saving it: "
+                 + (f"{cfg.out_dir}/ckpt and model/ still hold iteration {saved}" if saved else
+                    "this run has saved nothing yet") + " (a lower --lr may help)")
         if device.type == "cuda":
             torch.cuda.synchronize()
         t_update = time.perf_counter() - t0
@@ -386,6 +394,7 @@ def main(argv=None):
             log.flush()
         if checkpoint:
             save(model, tok, opt, sched, cfg, it, rank, gen_model)
+            saved = it
         if rank != 0:
             continue
         if wandb:

@@ -160,3 +160,33 @@ def test_metrics_log_on_resume(tmp_path):
     with pytest.raises(SystemExit) as e:
         train.kept_log(str(log), 3)
     one_line_error(e, "--resume", "line 2")
+
+
+def snapshot(out):
+    return {p.relative_to(out): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+
+
+def test_non_finite_update_stops_before_anything_is_saved(run, monkeypatch):
+    """Whatever makes the update non-finite, the run stops with one line at that iteration and the
+    last good ckpt/, model/ and log stay as they were (they used to be overwritten with NaN)."""
+    before = snapshot(run)
+    real_update = train.update
+
+    def update(model, *a, **k):   # any cause: here one weight turns NaN in the update of iteration 3
+        out = real_update(model, *a, **k)
+        next(model.parameters()).data[0, 0] = float("nan")
+        return out
+    monkeypatch.setattr(train, "update", update)
+    with pytest.raises(SystemExit) as e:
+        resume(run, 4)
+    one_line_error(e, "iteration 3: non-finite update", "weights not finite", "still hold iteration 2")
+    assert snapshot(run) == before
+
+
+def test_huge_lr_stops_before_anything_is_saved(run):
+    """--lr 1e30 used to exit 0 with NaN loss and weights, saved over the last good checkpoint."""
+    ckpt_model = {k: v for k, v in snapshot(run).items() if k.parts[0] in ("ckpt", "model")}
+    with pytest.raises(SystemExit) as e:
+        train.main([*ARGS, "--iterations", "2", "--lr", "1e30", "--out_dir", str(run)])
+    one_line_error(e, "iteration 1: non-finite update", "saved nothing yet")
+    assert {k: v for k, v in snapshot(run).items() if k.parts[0] in ("ckpt", "model")} == ckpt_model
