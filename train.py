@@ -16,6 +16,7 @@ import math
 import os
 import random
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 
@@ -30,8 +31,8 @@ from ppo import score, update
 from prompts import prompt_module
 from evaluate import HELD_OUT, eval_plan, eval_what, evaluate, random_policy_success
 from fsdp import (PACKED_ATTN, add_lora, all_finite, all_reduce, attn_implementation, balance_tokens, check_resume,
-                  checkpoint_path, dist_on, fail, finish_dist, full_parameters, load_checkpoint, save, setup_dist,
-                  shard)
+                  checkpoint_path, dist_on, fail, finish_dist, first_line, full_parameters, load_checkpoint, save,
+                  setup_dist, shard)
 from rollout import HFEngine, make_engine, rollout, sync_weights
 
 
@@ -109,18 +110,18 @@ def parse_args(argv):
         try:
             cfg = dataclasses.replace(cfg, **getattr(importlib.import_module(ENVS[env][0]), "TRAIN_DEFAULTS", {}))
         except ModuleNotFoundError as e:
-            sys.exit(f"error: --env {env} needs the package {e.name!r}: pip install -r requirements.txt")
+            fail(f"--env {env} needs the package {e.name!r}: pip install -r requirements.txt")
     i = 0
     while i < len(argv):
         arg = argv[i]
         if not arg.startswith("--"):
-            sys.exit(f"error: unexpected argument {arg!r}; flags look like --name value")
+            fail(f"unexpected argument {arg!r}; flags look like --name value")
         key, _, value = arg[2:].partition("=")
         if key not in fields:
-            sys.exit(f"error: unknown flag --{key}; known flags: {', '.join('--' + k for k in fields)}")
+            fail(f"unknown flag --{key}; known flags: {', '.join('--' + k for k in fields)}")
         if not _:
             if i + 1 >= len(argv):
-                sys.exit(f"error: flag --{key} needs a value")
+                fail(f"flag --{key} needs a value")
             value, i = argv[i + 1], i + 1
         kind = type(getattr(cfg, key))
         try:
@@ -130,7 +131,7 @@ def parse_args(argv):
                 value = value.lower() in ("1", "true")
             setattr(cfg, key, kind(value))
         except ValueError:
-            sys.exit(f"error: --{key} wants a {kind.__name__}, got {value!r}")
+            fail(f"--{key} wants a {kind.__name__}, got {value!r}")
         i += 1
     return cfg
 
@@ -145,9 +146,13 @@ def train_seed(seed, it, g, n_groups, train_seeds=0):
 
 
 def check_config(cfg):
-    """Bad input -> one line that names the flag, before any heavy work."""
-    def bad(msg):
-        sys.exit(f"error: {msg}")
+    """Bad input -> one line that names the flag, before any heavy work (and before metrics.jsonl
+    is touched): a value that would only fail later would do so after minutes, mid-run."""
+    bad = fail
+    for f in dataclasses.fields(cfg):   # nan / inf in any float flag ends as NaN weights
+        value = getattr(cfg, f.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            bad(f"--{f.name} {value}: must be a finite number")
     if cfg.env not in ENVS:
         bad(f"unknown env {cfg.env!r}: use --env with one of {sorted(ENVS)}")
     try:
@@ -172,6 +177,31 @@ def check_config(cfg):
         bad(f"--mini_batch {cfg.mini_batch} and --micro_batch_tokens {cfg.micro_batch_tokens} must be >= 1")
     if cfg.lora_rank < 0:
         bad(f"--lora_rank {cfg.lora_rank} must be >= 0 (0 = full fine-tuning)")
+    for name in ("eval_every", "eval_episodes", "threads", "ppo_epochs"):
+        if getattr(cfg, name) < 1:
+            bad(f"--{name} {getattr(cfg, name)} must be >= 1")
+    for name in ("memory_k", "env_workers", "train_seeds", "peak_tflops", "kl_coef", "weight_decay", "lr_min"):
+        if getattr(cfg, name) < 0:
+            bad(f"--{name} {getattr(cfg, name)} must be >= 0")
+    if not cfg.temperature > 0:
+        bad(f"--temperature {cfg.temperature} must be > 0: rollouts sample at it and the trainer divides "
+            f"the logits by it (greedy is for evaluation: --eval_temperature 0)")
+    if cfg.eval_temperature < 0:
+        bad(f"--eval_temperature {cfg.eval_temperature} must be >= 0 (0 = greedy)")
+    if not 0 < cfg.top_p <= 1:
+        bad(f"--top_p {cfg.top_p} must be in (0, 1]")
+    if not cfg.lr > 0:
+        bad(f"--lr {cfg.lr} must be > 0")
+    if not 0 <= cfg.gamma <= 1:
+        bad(f"--gamma {cfg.gamma} must be in [0, 1]")
+    if not cfg.grad_clip > 0 or not cfg.clip > 0:
+        bad(f"--grad_clip {cfg.grad_clip} and --clip {cfg.clip} must be > 0")
+    if cfg.dual_clip and not cfg.dual_clip > 1:
+        bad(f"--dual_clip {cfg.dual_clip} must be > 1 (0 = off)")
+    if cfg.model == "tiny" and (min(cfg.tiny_hidden, cfg.tiny_layers, cfg.tiny_heads) < 1
+                                or cfg.tiny_hidden % cfg.tiny_heads):
+        bad(f"--tiny_heads {cfg.tiny_heads} must divide --tiny_hidden {cfg.tiny_hidden} (and --tiny_hidden, "
+            f"--tiny_layers {cfg.tiny_layers}, --tiny_heads must be >= 1)")
     if cfg.lora_rank:
         import importlib.util
         if importlib.util.find_spec("peft") is None:
@@ -184,6 +214,8 @@ def check_config(cfg):
         bad(f"unknown engine {cfg.engine!r}: use --engine auto, hf or vllm")
     if cfg.kv_cache_mb < 1 or not 0 < cfg.gpu_memory_utilization < 1:
         bad("--kv_cache_mb must be >= 1 and --gpu_memory_utilization in (0, 1)")
+    if cfg.device not in ("auto", "cpu", "cuda"):
+        bad(f"unknown device {cfg.device!r}: use --device auto, cpu or cuda")
     if cfg.device == "cuda" and not torch.cuda.is_available():
         bad("--device cuda but no GPU is visible; use --device cpu")
     if cfg.eval_only and cfg.model == "tiny":
@@ -192,6 +224,22 @@ def check_config(cfg):
         eval_plan(cfg)
     except (FileNotFoundError, ValueError) as e:
         bad(str(e))
+    if not cfg.eval_only:   # out_dir is written from the first iteration on: a folder we can write
+        if os.path.exists(cfg.out_dir) and not os.path.isdir(cfg.out_dir):
+            bad(f"--out_dir {cfg.out_dir} is a file, not a folder")
+        try:
+            os.makedirs(cfg.out_dir, exist_ok=True)
+            tempfile.TemporaryFile(dir=cfg.out_dir).close()
+        except OSError as e:
+            bad(f"--out_dir {cfg.out_dir}: cannot write there ({e.strerror or first_line(e)})")
+    if cfg.model != "tiny":   # last: a hub name is looked up (with retries when offline)
+        if (os.path.isabs(cfg.model) or cfg.model.startswith(".")) and not os.path.isdir(cfg.model):
+            bad(f"--model {cfg.model}: no such folder (give a saved model folder or a hub name)")
+        from transformers import AutoConfig
+        try:
+            AutoConfig.from_pretrained(cfg.model)
+        except Exception as e:   # transformers and the hub client say "not found" in many types
+            bad(f"--model {cfg.model}: {first_line(e)}")
 
 
 def kept_log(path, upto):
@@ -218,9 +266,12 @@ def load_model(cfg, device):
     else:
         from transformers import AutoModelForCausalLM, AutoTokenizer
         # fp32 master weights (FSDP2 computes in bf16 on GPU); packed varlen attention on GPU (fsdp.py)
-        tok = AutoTokenizer.from_pretrained(cfg.model)
-        model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32,
-                                                     attn_implementation=attn_implementation(device))
+        try:
+            tok = AutoTokenizer.from_pretrained(cfg.model)
+            model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32,
+                                                         attn_implementation=attn_implementation(device))
+        except (OSError, ValueError) as e:   # e.g. a folder with a config but no weights or tokenizer
+            fail(f"--model {cfg.model}: {first_line(e)}")
         if tok.pad_token_id is None:
             tok.pad_token = tok.eos_token
     return model.to(device), tok
@@ -234,7 +285,7 @@ def main(argv=None):
     kept = kept_log(log_path, meta["iteration"]) if meta else []
     rank, world, device = setup_dist(cfg)
     if cfg.n_groups % world:
-        sys.exit(f"error: --n_groups {cfg.n_groups} must divide over {world} ranks (each owns whole groups)")
+        fail(f"--n_groups {cfg.n_groups} must divide over {world} ranks (each owns whole groups)")
     print0 = print if rank == 0 else (lambda *a, **k: None)
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed + rank)

@@ -36,6 +36,56 @@ def test_bad_input_is_one_line_before_work(args, words):
     assert "batch:" not in r.stdout   # stopped before any work
 
 
+@pytest.mark.parametrize("args, words", [
+    (["--temperature", "0"], "--temperature"),     # the trainer divides the logits by it
+    (["--lr", "nan"], "--lr"),
+    (["--lr", "-1"], "--lr"),
+    (["--lr", "0"], "--lr"),
+    (["--omega", "nan"], "--omega"),
+    (["--gamma", "inf"], "--gamma"),
+    (["--penalty", "-inf"], "--penalty"),
+    (["--model", "/nonexistent"], "--model"),
+    (["--out_dir", "/proc/x"], "--out_dir"),
+    (["--out_dir", "A_FILE"], "--out_dir"),
+    (["--eval_every", "0"], "--eval_every"),
+    (["--threads", "0"], "--threads"),
+    (["--tiny_heads", "3"], "--tiny_heads"),
+    (["--top_p", "0"], "--top_p"),
+    (["--env_args", "progress=abc"], "--env_args"),
+    (["--device", "tpu"], "--device"),
+    (["--eval_episodes", "0"], "--eval_episodes"),
+    (["--memory_k", "-1"], "--memory_k"),
+    (["--ppo_epochs", "0"], "--ppo_epochs"),
+    (["--dual_clip", "0.5"], "--dual_clip"),
+    (["--eval_temperature", "-1"], "--eval_temperature"),
+])
+def test_bad_values_are_one_line_that_names_the_flag(args, words, tmp_path):
+    """Values that used to pass check_config and then fail mid-run (a traceback after up to 26 s),
+    train on NaN, or run silently wrong (--device tpu on CPU, --eval_episodes 0 an eval of nan,
+    --memory_k -1 an unbounded memory). In-process: check_config, which main runs first."""
+    import train
+    (tmp_path / "file").write_text("")
+    args = [str(tmp_path / "file") if a == "A_FILE" else a for a in args]
+    cfg = train.parse_args(args if "--out_dir" in args else [*args, "--out_dir", str(tmp_path / "out")])
+    with pytest.raises(SystemExit) as e:
+        train.check_config(cfg)
+    msg = str(e.value.code)
+    assert msg.startswith("error: ") and words in msg and "\n" not in msg, msg
+    assert train.check_config(train.Config(eval_temperature=0.0, out_dir=str(tmp_path / "ok"))) is None
+
+
+@pytest.mark.parametrize("flag", [["--eval_every", "0"], ["--top_p", "0"]])
+def test_bad_flag_never_empties_an_existing_log(tmp_path, flag):
+    """--eval_every 0 and --top_p 0 used to truncate the run's metrics.jsonl, then crash."""
+    import train
+    log = tmp_path / "metrics.jsonl"
+    log.write_text('{"iteration": 1}\n')
+    with pytest.raises(SystemExit, match=flag[0]):
+        train.main([*flag, "--engine", "hf", "--n_groups", "2", "--group_size", "2", "--eval_episodes", "2",
+                    "--out_dir", str(tmp_path)])
+    assert log.read_text() == '{"iteration": 1}\n'
+
+
 def test_training_seeds_are_never_held_out_seeds():
     """--seed 100 used to train on 10**9 + [0, 256), the held-out seeds; now no --seed or iteration
     count reaches them, and the default run's seeds (--seed 0, 250 iterations x 32 groups) are as before."""
