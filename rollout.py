@@ -241,7 +241,8 @@ def rollout(envs, engine, tokenizer, prompt, memories, group_seeds, temperature,
 
     envs: GroupedEnvs; memories: one per env; group_seeds: one per group. Envs that finished are
     skipped; only active steps become samples. episodes: one dict per env (won, return, length,
-    invalid, worker_died: the episode was cut short by a dead env worker, so its return means nothing). timings: seconds in generation, env steps and the rest (prompts, parsing).
+    invalid, worker_died: cut short by a dead env worker, so its return means nothing). timings:
+    seconds in generation, env steps and the rest (prompts, parsing).
     desc: show a progress bar (one tick per step) under this name, for long evaluations.
     """
     t_start = time.perf_counter()
