@@ -13,6 +13,7 @@ import random
 import shutil
 import socket
 import sys
+import warnings
 
 import numpy as np
 import torch
@@ -21,6 +22,9 @@ import torch.distributed as dist
 from rollout import HFEngine
 
 PACKED_ATTN = ("flash_attention_2", "torch_varlen")   # implementations that take packed rows
+# a plain CPU run saves and loads its checkpoint in one process on purpose: dcp's warning about it is
+# noise on every save, and the line before a resume's one-line error
+warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
 
 
 # ---- attention for the update on GPU: which kernel, and packed (varlen) sequences without flash-attn ----
@@ -220,19 +224,34 @@ RESUME_FREE = {"resume", "iterations", "eval_every", "threads", "env_workers", "
 
 
 def _swap_in(tmp, final):
-    """Replace `final` by `tmp` so that one complete copy always exists on disk."""
+    """Replace `final` by `tmp` so that one complete copy always exists on disk: `final` if it is
+    there, else `final.old` (a kill between the two renames; resume then reads it, checkpoint_path).
+    A `final.old` left half-deleted by a kill is dropped first while `final` is complete: renaming
+    onto it failed ("Directory not empty") and no later save got through."""
     old = final + ".old"
     if os.path.exists(final):
+        if os.path.exists(old):
+            shutil.rmtree(old)
         os.replace(final, old)
     os.replace(tmp, final)
     if os.path.exists(old):
         shutil.rmtree(old)
 
 
+def checkpoint_path(out_dir):
+    """The complete checkpoint of a run: out_dir/ckpt, or out_dir/ckpt.old where a kill between
+    _swap_in's renames left no ckpt (ckpt.old is then the last complete one)."""
+    path = os.path.join(out_dir, "ckpt")
+    return path if os.path.exists(path) or not os.path.exists(path + ".old") else path + ".old"
+
+
 def save(model, tok, opt, sched, cfg, it, rank, gen_model=None):
     """out_dir/ckpt (model + optimizer shards of every rank, iteration, config, scheduler, per-rank
     RNG) and out_dir/model (HF format: transformers and vLLM load it as is). Each is written under a
-    temp name then swapped in, so a crash mid-write never destroys the last good one."""
+    temp name then swapped in, so a crash mid-write never destroys the last good one. model/ goes
+    first and ckpt/ last: resume continues from ckpt/, so a kill between the two swaps redoes these
+    iterations and exports model/ again (the other order left model/ one save behind for good when
+    the kill came at the last iteration)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict, StateDictOptions
     tmp, final = os.path.join(cfg.out_dir, "ckpt.tmp"), os.path.join(cfg.out_dir, "ckpt")
@@ -256,39 +275,81 @@ def save(model, tok, opt, sched, cfg, it, rank, gen_model=None):
         hf_logging.disable_progress_bar()
         (gen_model or model).save_pretrained(tmp_hf, state_dict=full)
         tok.save_pretrained(tmp_hf)
-        _swap_in(tmp, final)
         _swap_in(tmp_hf, os.path.join(cfg.out_dir, "model"))
+        _swap_in(tmp, final)
     barrier()
 
 
+def fail(msg):
+    """Stop with one line, printed by rank 0 only (under torchrun every rank checks the same flags)."""
+    sys.exit(f"error: {msg}" if os.environ.get("RANK", "0") == "0" else 1)
+
+
 def check_resume(cfg):
-    """--resume: out_dir/ckpt must exist and come from the same config (bar RESUME_FREE fields)."""
-    path = os.path.join(cfg.out_dir, "ckpt", "meta.json")
+    """--resume: the run's checkpoint (checkpoint_path) must have a readable meta.json from the same
+    config (bar RESUME_FREE fields) -> its meta. Anything else is one line, not a traceback."""
+    path = os.path.join(checkpoint_path(cfg.out_dir), "meta.json")
     if not os.path.exists(path):
-        sys.exit(f"error: --resume but {path} does not exist; drop --resume or point --out_dir at a run")
-    meta = json.load(open(path))
+        fail(f"--resume but {path} does not exist; drop --resume or point --out_dir at a run")
+    try:
+        meta = json.load(open(path))
+        if not isinstance(meta.get("iteration"), int) or not isinstance(meta.get("config"), dict) \
+                or not isinstance(meta.get("sched"), dict):
+            raise ValueError("no iteration, config or sched")
+    except (ValueError, OSError, AttributeError) as e:   # a half-written or hand-edited file
+        fail(f"--resume: {path} is unreadable or incomplete ({first_line(e)}); the checkpoint is corrupt")
     diff = [f"--{k} {meta['config'].get(k)!r} -> {v!r}" for k, v in dataclasses.asdict(cfg).items()
             if k not in RESUME_FREE and meta["config"].get(k) != v]
     if diff:
-        sys.exit(f"error: --resume: {cfg.out_dir} was trained with another config ({'; '.join(diff)}); "
-                 f"use the same flags or another --out_dir")
+        fail(f"--resume: {cfg.out_dir} was trained with another config ({'; '.join(diff)}); "
+             f"use the same flags or another --out_dir")
     return meta
 
 
+def first_line(e):
+    """An exception's message cut to its first line and sentence: what a one-line error can carry."""
+    return (str(e).strip().splitlines() or [type(e).__name__])[0].split(". ")[0][:200]
+
+
 def load_checkpoint(model, opt, sched, cfg, rank, meta):
+    """Load checkpoint_path into model, optimizer, scheduler and RNG -> its iteration. A missing or
+    truncated shard, or weights / optimizer state that are not finite (flipped bytes load silently
+    and turn every weight into NaN an update later), stop with one line."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-    path = os.path.join(cfg.out_dir, "ckpt")
-    msd, osd = get_state_dict(model, opt)
-    state = {"model": msd, "optim": osd}
-    dcp.load(state, checkpoint_id=path)
-    set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
-    sched.load_state_dict(meta["sched"])
-    rng_file = os.path.join(path, f"rng{rank}.pt")
-    if os.path.exists(rng_file):
-        rng = torch.load(rng_file, weights_only=False)
-        torch.set_rng_state(rng["torch"]), random.setstate(rng["python"]), np.random.set_state(rng["numpy"])
+    path = checkpoint_path(cfg.out_dir)
+    try:
+        msd, osd = get_state_dict(model, opt)
+        state = {"model": msd, "optim": osd}
+        dcp.load(state, checkpoint_id=path)
+        set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        sched.load_state_dict(meta["sched"])
+        rng_file = os.path.join(path, f"rng{rank}.pt")
+        if os.path.exists(rng_file):
+            rng = torch.load(rng_file, weights_only=False)
+            torch.set_rng_state(rng["torch"]), random.setstate(rng["python"]), np.random.set_state(rng["numpy"])
+    except (Exception, CheckpointException) as e:   # damage shows as many types (CheckpointException: a
+        e = next(iter(e.failures.values()))[0] if isinstance(e, CheckpointException) else e   # BaseException)
+        fail(f"--resume: {path} does not load ({type(e).__name__}: {first_line(e)}); the checkpoint is corrupt")
+    names = {id(p): n for n, p in model.named_parameters()}
+    named = [*model.state_dict().items(),
+             *((f"optimizer {k} of {names.get(id(p), '?')}", v) for p, st in opt.state.items() for k, v in st.items())]
+    bad = [n for n, t in named if torch.is_tensor(t) and t.is_floating_point() and not torch.isfinite(_local(t)).all()]
+    if all_reduce(len(bad), "max"):
+        fail(f"--resume: {path} holds non-finite values ({', '.join(bad[:3]) or 'on another rank'}); "
+             f"the checkpoint is corrupt")
     return meta["iteration"]
+
+
+def _local(t):
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def all_finite(tensors):
+    """Are all these tensors (this rank's shards) finite on every rank?"""
+    bad = sum(int(not bool(torch.isfinite(_local(t).detach()).all())) for t in tensors)
+    return not all_reduce(bad, "max")
 
 
 def finish_dist(engine):

@@ -247,7 +247,8 @@ def rollout(envs, engine, tokenizer, prompt, memories, group_seeds, temperature,
 
     envs: GroupedEnvs; memories: one per env; group_seeds: one per group. Envs that finished are
     skipped; only active steps become samples. episodes: one dict per env (won, return, length,
-    invalid). timings: seconds in generation, env steps and the rest (prompts, parsing).
+    invalid, worker_died: cut short by a dead env worker, so its return means nothing). timings:
+    seconds in generation, env steps and the rest (prompts, parsing).
     desc: show a progress bar (one tick per step) under this name, for long evaluations.
     """
     t_start = time.perf_counter()
@@ -288,6 +289,7 @@ def rollout(envs, engine, tokenizer, prompt, memories, group_seeds, temperature,
             ep["invalid"] += not valid
             ep["won"] = bool(info.get("won", False))
             ep["task_type"] = info.get("task_type")  # for per-type eval results (ALFWorld)
+            ep["worker_died"] = bool(info.get("worker_died"))   # cut short by a dead env worker
             obs[i], infos[i] = new_obs, info
             if not (term or trunc):
                 still.append(i)

@@ -17,6 +17,7 @@ import math
 import os
 import random
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 
@@ -30,8 +31,9 @@ from memory import MEMORIES, make_memory
 from ppo import score, update
 from prompts import prompt_module
 from evaluate import HELD_OUT, eval_plan, eval_what, evaluate, headline, random_policy_success, success_text
-from fsdp import (PACKED_ATTN, add_lora, all_reduce, attn_implementation, balance_tokens, check_resume, dist_on,
-                  finish_dist, full_parameters, load_checkpoint, save, setup_dist, shard)
+from fsdp import (PACKED_ATTN, add_lora, all_finite, all_reduce, attn_implementation, balance_tokens, check_resume,
+                  checkpoint_path, dist_on, fail, finish_dist, first_line, full_parameters, load_checkpoint, save,
+                  setup_dist, shard)
 from rollout import HFEngine, make_engine, rollout, sync_weights
 
 
@@ -109,18 +111,18 @@ def parse_args(argv):
         try:
             cfg = dataclasses.replace(cfg, **getattr(importlib.import_module(ENVS[env][0]), "TRAIN_DEFAULTS", {}))
         except ModuleNotFoundError as e:
-            sys.exit(f"error: --env {env} needs the package {e.name!r}: pip install -r requirements.txt")
+            fail(f"--env {env} needs the package {e.name!r}: pip install -r requirements.txt")
     i = 0
     while i < len(argv):
         arg = argv[i]
         if not arg.startswith("--"):
-            sys.exit(f"error: unexpected argument {arg!r}; flags look like --name value")
+            fail(f"unexpected argument {arg!r}; flags look like --name value")
         key, _, value = arg[2:].partition("=")
         if key not in fields:
-            sys.exit(f"error: unknown flag --{key}; known flags: {', '.join('--' + k for k in fields)}")
+            fail(f"unknown flag --{key}; known flags: {', '.join('--' + k for k in fields)}")
         if not _:
             if i + 1 >= len(argv):
-                sys.exit(f"error: flag --{key} needs a value")
+                fail(f"flag --{key} needs a value")
             value, i = argv[i + 1], i + 1
         kind = type(getattr(cfg, key))
         try:
@@ -130,7 +132,7 @@ def parse_args(argv):
                 value = value.lower() in ("1", "true")
             setattr(cfg, key, kind(value))
         except ValueError:
-            sys.exit(f"error: --{key} wants a {kind.__name__}, got {value!r}")
+            fail(f"--{key} wants a {kind.__name__}, got {value!r}")
         i += 1
     return cfg
 
@@ -145,9 +147,13 @@ def train_seed(seed, it, g, n_groups, train_seeds=0):
 
 
 def check_config(cfg):
-    """Bad input -> one line that names the flag, before any heavy work."""
-    def bad(msg):
-        sys.exit(f"error: {msg}")
+    """Bad input -> one line that names the flag, before any heavy work (and before metrics.jsonl
+    is touched): a value that would only fail later would do so after minutes, mid-run."""
+    bad = fail
+    for f in dataclasses.fields(cfg):   # nan / inf in any float flag ends as NaN weights
+        value = getattr(cfg, f.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            bad(f"--{f.name} {value}: must be a finite number")
     if cfg.env not in ENVS:
         bad(f"unknown env {cfg.env!r}: use --env with one of {sorted(ENVS)}")
     try:
@@ -172,6 +178,31 @@ def check_config(cfg):
         bad(f"--mini_batch {cfg.mini_batch} and --micro_batch_tokens {cfg.micro_batch_tokens} must be >= 1")
     if cfg.lora_rank < 0:
         bad(f"--lora_rank {cfg.lora_rank} must be >= 0 (0 = full fine-tuning)")
+    for name in ("eval_every", "eval_episodes", "threads", "ppo_epochs"):
+        if getattr(cfg, name) < 1:
+            bad(f"--{name} {getattr(cfg, name)} must be >= 1")
+    for name in ("memory_k", "env_workers", "train_seeds", "peak_tflops", "kl_coef", "weight_decay", "lr_min"):
+        if getattr(cfg, name) < 0:
+            bad(f"--{name} {getattr(cfg, name)} must be >= 0")
+    if not cfg.temperature > 0:
+        bad(f"--temperature {cfg.temperature} must be > 0: rollouts sample at it and the trainer divides "
+            f"the logits by it (greedy is for evaluation: --eval_temperature 0)")
+    if cfg.eval_temperature < 0:
+        bad(f"--eval_temperature {cfg.eval_temperature} must be >= 0 (0 = greedy)")
+    if not 0 < cfg.top_p <= 1:
+        bad(f"--top_p {cfg.top_p} must be in (0, 1]")
+    if not cfg.lr > 0:
+        bad(f"--lr {cfg.lr} must be > 0")
+    if not 0 <= cfg.gamma <= 1:
+        bad(f"--gamma {cfg.gamma} must be in [0, 1]")
+    if not cfg.grad_clip > 0 or not cfg.clip > 0:
+        bad(f"--grad_clip {cfg.grad_clip} and --clip {cfg.clip} must be > 0")
+    if cfg.dual_clip and not cfg.dual_clip > 1:
+        bad(f"--dual_clip {cfg.dual_clip} must be > 1 (0 = off)")
+    if cfg.model == "tiny" and (min(cfg.tiny_hidden, cfg.tiny_layers, cfg.tiny_heads) < 1
+                                or cfg.tiny_hidden % cfg.tiny_heads):
+        bad(f"--tiny_heads {cfg.tiny_heads} must divide --tiny_hidden {cfg.tiny_hidden} (and --tiny_hidden, "
+            f"--tiny_layers {cfg.tiny_layers}, --tiny_heads must be >= 1)")
     if cfg.lora_rank:
         import importlib.util
         if importlib.util.find_spec("peft") is None:
@@ -184,6 +215,8 @@ def check_config(cfg):
         bad(f"unknown engine {cfg.engine!r}: use --engine auto, hf or vllm")
     if cfg.kv_cache_mb < 1 or not 0 < cfg.gpu_memory_utilization < 1:
         bad("--kv_cache_mb must be >= 1 and --gpu_memory_utilization in (0, 1)")
+    if cfg.device not in ("auto", "cpu", "cuda"):
+        bad(f"unknown device {cfg.device!r}: use --device auto, cpu or cuda")
     if cfg.device == "cuda" and not torch.cuda.is_available():
         bad("--device cuda but no GPU is visible; use --device cpu")
     if cfg.eval_only and cfg.model == "tiny":
@@ -192,6 +225,39 @@ def check_config(cfg):
         eval_plan(cfg)
     except (FileNotFoundError, ValueError) as e:
         bad(str(e))
+    if not cfg.eval_only:   # out_dir is written from the first iteration on: a folder we can write
+        if os.path.exists(cfg.out_dir) and not os.path.isdir(cfg.out_dir):
+            bad(f"--out_dir {cfg.out_dir} is a file, not a folder")
+        try:
+            os.makedirs(cfg.out_dir, exist_ok=True)
+            tempfile.TemporaryFile(dir=cfg.out_dir).close()
+        except OSError as e:
+            bad(f"--out_dir {cfg.out_dir}: cannot write there ({e.strerror or first_line(e)})")
+    if cfg.model != "tiny":   # last: a hub name is looked up (with retries when offline)
+        if (os.path.isabs(cfg.model) or cfg.model.startswith(".")) and not os.path.isdir(cfg.model):
+            bad(f"--model {cfg.model}: no such folder (give a saved model folder or a hub name)")
+        from transformers import AutoConfig
+        try:
+            AutoConfig.from_pretrained(cfg.model)
+        except Exception as e:   # transformers and the hub client say "not found" in many types
+            bad(f"--model {cfg.model}: {first_line(e)}")
+
+
+def kept_log(path, upto):
+    """The lines of metrics.jsonl up to iteration `upto` (the checkpoint's; resume redoes the rest).
+    A half-written last line (a kill mid-write) is dropped; a damaged line before it is an error."""
+    lines = open(path).readlines() if os.path.exists(path) else []
+    kept = []
+    for k, line in enumerate(lines):
+        try:
+            it = json.loads(line)["iteration"]
+        except (ValueError, KeyError, TypeError):
+            if k == len(lines) - 1:
+                break
+            fail(f"--resume: line {k + 1} of {path} is not a metrics line; remove it or use another --out_dir")
+        if it <= upto:
+            kept.append(line if line.endswith("\n") else line + "\n")
+    return kept
 
 
 def load_model(cfg, device):
@@ -201,9 +267,12 @@ def load_model(cfg, device):
     else:
         from transformers import AutoModelForCausalLM, AutoTokenizer
         # fp32 master weights (FSDP2 computes in bf16 on GPU); packed varlen attention on GPU (fsdp.py)
-        tok = AutoTokenizer.from_pretrained(cfg.model)
-        model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32,
-                                                     attn_implementation=attn_implementation(device))
+        try:
+            tok = AutoTokenizer.from_pretrained(cfg.model)
+            model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32,
+                                                         attn_implementation=attn_implementation(device))
+        except (OSError, ValueError) as e:   # e.g. a folder with a config but no weights or tokenizer
+            fail(f"--model {cfg.model}: {first_line(e)}")
         if tok.pad_token_id is None:
             tok.pad_token = tok.eos_token
     return model.to(device), tok
@@ -213,9 +282,11 @@ def main(argv=None):
     cfg = parse_args(sys.argv[1:] if argv is None else argv)
     check_config(cfg)
     meta = check_resume(cfg) if cfg.resume else None
+    log_path = os.path.join(cfg.out_dir, "metrics.jsonl")
+    kept = kept_log(log_path, meta["iteration"]) if meta else []
     rank, world, device = setup_dist(cfg)
     if cfg.n_groups % world:
-        sys.exit(f"error: --n_groups {cfg.n_groups} must divide over {world} ranks (each owns whole groups)")
+        fail(f"--n_groups {cfg.n_groups} must divide over {world} ranks (each owns whole groups)")
     print0 = print if rank == 0 else (lambda *a, **k: None)
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed + rank)
@@ -270,16 +341,16 @@ def main(argv=None):
     start = load_checkpoint(model, opt, sched, cfg, rank, meta) if meta else 0
     if start:
         sync_weights(engine, full_parameters(model))
-        print0(f"resumed from {cfg.out_dir}/ckpt at iteration {start}")
+        print0(f"resumed from {checkpoint_path(cfg.out_dir)} at iteration {start}")
     baseline = random_policy_success(cfg, eval_envs) if rank == 0 else None
     print0(f"random policy on the eval episodes ({eval_what(cfg).split(',')[0]}): success "
            f"{baseline and success_text(baseline)}")
 
     os.makedirs(cfg.out_dir, exist_ok=True)
-    log_path = os.path.join(cfg.out_dir, "metrics.jsonl")
     if rank == 0 and start:  # keep the log of the iterations the checkpoint holds, drop the rest
-        kept = [l for l in open(log_path) if json.loads(l)["iteration"] <= start] if os.path.exists(log_path) else []
-        open(log_path, "w").writelines(kept)
+        with open(log_path + ".tmp", "w") as f:
+            f.writelines(kept)
+        os.replace(log_path + ".tmp", log_path)   # a kill here keeps the old log whole
     log = open(log_path, "a" if start else "w") if rank == 0 else None
     wandb = None
     if cfg.wandb and rank == 0:
@@ -288,6 +359,7 @@ def main(argv=None):
     n_params = sum(p.numel() for p in model.parameters())
     t_run = time.perf_counter()
     eval_success, eval_rates = None, {}   # the headline; every set (and task type) on its own
+    saved = start                          # the iteration ckpt/ and model/ hold
     bar = tqdm(range(start + 1, cfg.iterations + 1), desc="train", dynamic_ncols=True, disable=rank != 0,
                initial=start, total=cfg.iterations)
     for it in bar:
@@ -297,6 +369,11 @@ def main(argv=None):
         seeds = [train_seed(cfg.seed, it, g, cfg.n_groups, cfg.train_seeds) for g in groups_here]
         samples, episodes, timing = rollout(envs, engine, tok, prompt, memories, seeds, cfg.temperature,
                                             cfg.top_p, cfg.max_response_tokens)
+        # a dead env worker cut these episodes short (envs/vector.py): their returns say nothing about
+        # the policy, so they are neither trained on nor counted in success
+        dead = {i for i, e in enumerate(episodes) if e.get("worker_died")}
+        samples = [s for s in samples if s.traj not in dead]
+        episodes = [e for e in episodes if not e.get("worker_died")]
         rewards, trajs, groups, anchors, valid = (
             [getattr(s, f) for s in samples] for f in ("reward", "traj", "group", "anchor", "valid"))
         try:  # NaN/inf rewards fail here, loudly, in one line (the last checkpoint stays)
@@ -322,6 +399,13 @@ def main(argv=None):
                 ref_lp = score(model if ref is None else ref, samples, cfg, device, tok.pad_token_id, packed)
         gap = torch.cat([(o - torch.tensor(s.logprobs)).abs() for o, s in zip(old, samples)])
         upd = update(model, opt, sched, samples, old, ref_lp, adv, cfg, device, tok.pad_token_id, packed)
+        # NaN/inf from any cause (a huge --lr, a bad input) stops here, before it reaches ckpt/ or model/
+        finite = all_finite(p for p in model.parameters())
+        if not (finite and math.isfinite(upd["loss"]) and math.isfinite(upd["grad_norm"])):
+            fail(f"iteration {it}: non-finite update (loss {upd['loss']:.4g}, grad norm {upd['grad_norm']:.4g}, "
+                 f"weights {'finite' if finite else 'not finite'}); stopped before saving it: "
+                 + (f"{cfg.out_dir}/ckpt and model/ still hold iteration {saved}" if saved else
+                    "this run has saved nothing yet") + " (a lower --lr may help)")
         if device.type == "cuda":
             torch.cuda.synchronize()
         t_update = time.perf_counter() - t0
@@ -330,21 +414,21 @@ def main(argv=None):
         sync_weights(engine, full_parameters(model))
         t_sync = time.perf_counter() - t0 + t_sleep
 
-        if it % cfg.eval_every == 0 or it == cfg.iterations:
-            if rank == 0:
-                eval_rates = evaluate(tok, cfg, eval_envs, prompt, engine)
-                eval_success = headline(eval_rates)
-            save(model, tok, opt, sched, cfg, it, rank, gen_model)
+        checkpoint = it % cfg.eval_every == 0 or it == cfg.iterations
+        if checkpoint and rank == 0:
+            eval_rates = evaluate(tok, cfg, eval_envs, prompt, engine)
+            eval_success = headline(eval_rates)
         dt = time.perf_counter() - t_it
         # global episode numbers (all ranks); timings and update stats are rank 0's
         tot = all_reduce(torch.tensor([sum(e["won"] for e in episodes), sum(e["return"] for e in episodes),
                                        sum(e["length"] for e in episodes), len(episodes), len(samples),
-                                       sum(s.valid for s in samples), float(gap.sum()), len(gap)],
+                                       sum(s.valid for s in samples), float(gap.sum()), len(gap), len(dead)],
                                       dtype=torch.float64)).tolist()
         tokens = all_reduce(sum(len(s.prompt_ids) + len(s.response_ids) for s in samples))
         m = {
             "iteration": it, "success": tot[0] / tot[3], "reward": tot[1] / tot[3],
             "valid_ratio": tot[5] / tot[4], "episode_length": tot[2] / tot[3], "samples": tot[4],
+            "worker_died": tot[8],
             "prompt_tokens": np.mean([len(s.prompt_ids) for s in samples]),
             "response_tokens": np.mean([len(s.response_ids) for s in samples]),
             "adv_abs": float(np.abs(adv).mean()), "logp_gap": tot[6] / tot[7], "lr": sched.get_last_lr()[0],
@@ -359,11 +443,15 @@ def main(argv=None):
         }
         if cfg.peak_tflops:  # forward (old log-probs) + forward/backward (update): 2N + 6N per token
             m["mfu"] = (2 + 6 * cfg.ppo_epochs) * n_params * tokens / t_update / (cfg.peak_tflops * 1e12 * world)
+        if rank == 0:   # the line first, then the checkpoint: ckpt/ and model/ never lead the log
+            m = {k: (float(v) if isinstance(v, (np.floating, np.integer)) else v) for k, v in m.items()}
+            log.write(json.dumps(m) + "\n")
+            log.flush()
+        if checkpoint:
+            save(model, tok, opt, sched, cfg, it, rank, gen_model)
+            saved = it
         if rank != 0:
             continue
-        m = {k: (float(v) if isinstance(v, (np.floating, np.integer)) else v) for k, v in m.items()}
-        log.write(json.dumps(m) + "\n")
-        log.flush()
         if wandb:
             wandb.log({k: v for k, v in m.items() if isinstance(v, (int, float))}, step=it)
         bar.set_postfix(success=f"{m['success']:.2f}", reward=f"{m['reward']:.2f}",

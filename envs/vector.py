@@ -7,10 +7,13 @@ not: a group with mixed starts silently breaks every group baseline (REFERENCE.m
 
 A worker that dies (a crashing game engine, the OOM killer) costs its episodes, not the run: it is
 restarted with fresh envs, its envs' running episodes end as truncated (on their last observation,
-info["worker_died"] = True), and a line goes to stderr; a reset is retried once on the new worker.
+info["worker_died"] = True; train.py neither trains on them nor counts them in success), and a line
+goes to stderr; a reset is retried once on the new worker.
 """
 import multiprocessing as mp
 import sys
+
+from tqdm import tqdm
 
 
 def _worker(conn, name, kwargs, n):
@@ -60,10 +63,10 @@ class GroupedEnvs:
             old.kill()
             old.join()
         lo, hi = self.slices[w]
-        print(f"env worker {w} (envs {lo}..{hi - 1}) died (exit code {old.exitcode}) during {cmd} of "
-              f"{n_jobs} env(s); restarted, " + ("retrying the reset" if cmd == "reset" else
-                                              "their episodes end as truncated"),
-              file=sys.stderr, flush=True)
+        # tqdm.write: a line of its own, not appended to train.py's progress bar (stderr, no newline)
+        tqdm.write(f"env worker {w} (envs {lo}..{hi - 1}) died (exit code {old.exitcode}) during {cmd} of "
+                   f"{n_jobs} env(s); restarted, " + ("retrying the reset" if cmd == "reset" else
+                                                   "their episodes end as truncated"), file=sys.stderr)
         self.conns[w].close()
         self._start(w)
         self.restarts += 1

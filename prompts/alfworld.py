@@ -4,12 +4,16 @@ One user message per step: the task, how many steps were taken, the memory's las
 action pairs, the current step and observation, the admissible actions (without "help"), and the
 output format: reasoning in <think> </think>, then one action in <action> </action>.
 
-The parser is the reference's projection: lowercase, take the text between the first <action> and
-the first </action> after it; missing tags, or a missing <think> </think>, make the step invalid
-(the env still gets the last 30 characters, which it answers with "Nothing happens."). As in the
-reference, a well-formed action that is not admissible is still valid: the env rejects it, and the
-episode's reward says so. (The reference also marks responses with Chinese characters invalid, a
-Qwen-specific guard we leave out.)
+The parser is the reference's projection, made strict: lowercase, take the text between the first
+<action> and the first </action> after it; the step is valid only with a <think> and a </think>
+after it somewhere in the reply, and an action that is one line, not empty and free of tag pieces
+(`<`, `>`): valid_ratio then counts well-formed actions (`look</think>` or `<action></action>` is
+none). An invalid reply sends the env the empty action, which it answers with "Nothing happens.":
+valid=False is always a no-op (the reference sent the last 30 characters, which the env carried out
+where they made a command).
+As in the reference, a well-formed action that is not admissible is still valid: the env rejects
+it, and the episode's reward says so. (The reference also marks responses with Chinese characters
+invalid, a Qwen-specific guard we leave out.)
 """
 
 FORMAT = ("Now it is your turn to act. First think step by step about the situation, inside "
@@ -30,13 +34,15 @@ def build(task, history_text, obs, admissible, step):
 
 
 def parse(response_text, admissible):
-    """-> (action, valid). Never raises."""
+    """-> (action, valid); an invalid reply is ("", False), a no-op for the env. Never raises."""
     text = (response_text or "").lower()
     start = text.find("<action>")
     end = text.find("</action>", start + 1) if start != -1 else -1
     if start == -1 or end == -1:
-        return text[-30:], False
+        return "", False
     action = text[start + len("<action>"):end].strip()
     thought = text.find("<think>")
-    valid = thought != -1 and text.find("</think>", thought) != -1
-    return action, valid
+    well_formed = action.splitlines() == [action] and "<" not in action and ">" not in action   # 1 line
+    if not (well_formed and thought != -1 and text.find("</think>", thought) != -1):
+        return "", False
+    return action, True

@@ -2,6 +2,7 @@
 type and split, 36 games, a few seconds) from the archive at $ALFWORLD_ARCHIVE or
 ../shared/data/alfworld/json_2.1.1.tgz into a cache dir in the temp dir; without either, the tests
 that need games skip. The worker-restart test runs on the treasure game too, so CI always has it."""
+import io
 import json
 import os
 import re
@@ -77,12 +78,13 @@ def test_unparseable_response_is_invalid_and_env_survives(data_dir):
     assert "'help'" not in text and f"'{adm[0]}'" in text
     good = f"<think>look around first</think> <action>{adm[0].upper()}</action>"
     assert p.parse(good, adm) == (adm[0], True)
-    assert p.parse(f"<action>{adm[0]}</action>", adm) == (adm[0], False)   # no <think>: invalid
-    for junk in ["", None, "<action>go to", "</action> x <action>", "<think>hmm</think>", "\x00" * 99]:
+    assert p.parse(f"<action>{adm[0]}</action>", adm) == ("", False)   # no <think>: invalid
+    # invalid is a no-op, also where the text holds an admissible command (it used to be carried out)
+    for junk in ["", None, "<action>go to", adm[0], f"<action>{adm[0]}</action>", "\x00" * 99]:
         action, valid = p.parse(junk, adm)
-        assert valid is False and isinstance(action, str) and len(action) <= 30
+        assert (action, valid) == ("", False)
         obs, reward, term, trunc, info = env.step(action)
-        assert reward == 0.0 and not term
+        assert obs == "Nothing happens." and reward == 0.0 and not term
     assert trunc and info["admissible_actions"]               # still alive, truncated at max_steps
 
 
@@ -122,6 +124,45 @@ def test_killed_worker_is_replaced_treasure(capfd):
         assert len(envs.reset([3, 4])[0]) == 4 and envs.restarts == 2
     finally:
         envs.close()
+
+
+def screen(text):
+    """What a terminal shows for `text`: '\r' goes back to the start of the line, later characters
+    overwrite what is there."""
+    lines, col = [[]], 0
+    for ch in text:
+        if ch == "\n":
+            lines.append([])
+            col = 0
+        elif ch == "\r":
+            col = 0
+        else:
+            line = lines[-1]
+            line[col:col + 1] = [ch]
+            col += 1
+    return ["".join(line).rstrip() for line in lines]
+
+
+def test_dead_worker_line_is_not_written_onto_the_progress_bar(monkeypatch):
+    """train.py's bar sits on stderr without a newline; the worker's line used to be appended to it
+    ("train:  30%|...| 3/10env worker 0 ... died"). It must get a line of its own."""
+    from tqdm import tqdm
+    err = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", err)
+    envs = GroupedEnvs("treasure", n_groups=2, group_size=2, workers=2)
+    bar = tqdm(total=10, desc="train", file=sys.stderr, ncols=80)
+    try:
+        bar.update(3)
+        envs.reset([0, 1])
+        os.kill(envs.procs[0].pid, signal.SIGKILL)
+        envs.procs[0].join()
+        assert envs.step({i: "up" for i in range(4)})[0][4]["worker_died"]
+    finally:
+        bar.close()
+        envs.close()
+    shown = screen(err.getvalue())
+    assert any(line.startswith("env worker 0 (envs 0..1) died") for line in shown), shown
+    assert any(line.startswith("train:") for line in shown)
 
 
 def test_killed_worker_is_replaced_and_its_episodes_truncated(data_dir, capfd):

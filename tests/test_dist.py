@@ -181,6 +181,13 @@ def test_torchrun_two_ranks_trains_end_to_end(tmp_path):
     AutoModelForCausalLM.from_pretrained(tmp_path / "model")
 
 
+def test_bad_flag_under_torchrun_is_printed_once(tmp_path):
+    """Every rank checks the flags; only rank 0 says what is wrong (it used to be once per rank)."""
+    out = subprocess.run(TORCHRUN + [os.path.join(ROOT, "train.py"), "--eval_every", "0", "--out_dir",
+                                     str(tmp_path)], env=ENV, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode != 0 and out.stderr.count("error: --eval_every 0") == 1, out.stderr[-2000:]
+
+
 def test_kill_then_resume_loses_nothing(tmp_path):
     args = [*SMALL, "--engine", "hf", "--iterations", "8", "--eval_every", "2", "--out_dir", str(tmp_path)]
     proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "train.py"), *args], env=ENV, cwd=ROOT,

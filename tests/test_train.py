@@ -36,6 +36,56 @@ def test_bad_input_is_one_line_before_work(args, words):
     assert "batch:" not in r.stdout   # stopped before any work
 
 
+@pytest.mark.parametrize("args, words", [
+    (["--temperature", "0"], "--temperature"),     # the trainer divides the logits by it
+    (["--lr", "nan"], "--lr"),
+    (["--lr", "-1"], "--lr"),
+    (["--lr", "0"], "--lr"),
+    (["--omega", "nan"], "--omega"),
+    (["--gamma", "inf"], "--gamma"),
+    (["--penalty", "-inf"], "--penalty"),
+    (["--model", "/nonexistent"], "--model"),
+    (["--out_dir", "/proc/x"], "--out_dir"),
+    (["--out_dir", "A_FILE"], "--out_dir"),
+    (["--eval_every", "0"], "--eval_every"),
+    (["--threads", "0"], "--threads"),
+    (["--tiny_heads", "3"], "--tiny_heads"),
+    (["--top_p", "0"], "--top_p"),
+    (["--env_args", "progress=abc"], "--env_args"),
+    (["--device", "tpu"], "--device"),
+    (["--eval_episodes", "0"], "--eval_episodes"),
+    (["--memory_k", "-1"], "--memory_k"),
+    (["--ppo_epochs", "0"], "--ppo_epochs"),
+    (["--dual_clip", "0.5"], "--dual_clip"),
+    (["--eval_temperature", "-1"], "--eval_temperature"),
+])
+def test_bad_values_are_one_line_that_names_the_flag(args, words, tmp_path):
+    """Values that used to pass check_config and then fail mid-run (a traceback after up to 26 s),
+    train on NaN, or run silently wrong (--device tpu on CPU, --eval_episodes 0 an eval of nan,
+    --memory_k -1 an unbounded memory). In-process: check_config, which main runs first."""
+    import train
+    (tmp_path / "file").write_text("")
+    args = [str(tmp_path / "file") if a == "A_FILE" else a for a in args]
+    cfg = train.parse_args(args if "--out_dir" in args else [*args, "--out_dir", str(tmp_path / "out")])
+    with pytest.raises(SystemExit) as e:
+        train.check_config(cfg)
+    msg = str(e.value.code)
+    assert msg.startswith("error: ") and words in msg and "\n" not in msg, msg
+    assert train.check_config(train.Config(eval_temperature=0.0, out_dir=str(tmp_path / "ok"))) is None
+
+
+@pytest.mark.parametrize("flag", [["--eval_every", "0"], ["--top_p", "0"]])
+def test_bad_flag_never_empties_an_existing_log(tmp_path, flag):
+    """--eval_every 0 and --top_p 0 used to truncate the run's metrics.jsonl, then crash."""
+    import train
+    log = tmp_path / "metrics.jsonl"
+    log.write_text('{"iteration": 1}\n')
+    with pytest.raises(SystemExit, match=flag[0]):
+        train.main([*flag, "--engine", "hf", "--n_groups", "2", "--group_size", "2", "--eval_episodes", "2",
+                    "--out_dir", str(tmp_path)])
+    assert log.read_text() == '{"iteration": 1}\n'
+
+
 def test_training_seeds_are_never_held_out_seeds():
     """--seed 100 used to train on 10**9 + [0, 256), the held-out seeds; now no --seed or iteration
     count reaches them, and the default run's seeds (--seed 0, 250 iterations x 32 groups) are as before."""
@@ -126,3 +176,31 @@ def test_nan_reward_is_one_line(tmp_path, monkeypatch):
     with pytest.raises(SystemExit, match="iteration 1: NaN/inf reward"):
         train.main(["--iterations", "1", "--n_groups", "2", "--group_size", "2", "--eval_episodes", "2",
                     "--out_dir", str(tmp_path)])
+
+
+def test_dead_worker_episodes_are_neither_trained_on_nor_counted(tmp_path, monkeypatch):
+    """Episodes a dead env worker cut short (info["worker_died"], envs/vector.py) used to count as
+    failures in `success` and go into the update. Here env 0's worker "dies" at its first step and
+    every other episode wins at once: success is 1.0 and no sample of env 0 is trained on."""
+    import train
+    from envs import GroupedEnvs
+    from envs.treasure import TreasureHunt
+    monkeypatch.setattr(TreasureHunt, "step", lambda self, a: (self._obs(), 1.0, True, False, self._info(True)))
+    real_step, real_update, trained = GroupedEnvs.step, train.update, []
+
+    def step(self, actions):
+        res = real_step(self, actions)
+        if self.n == 4 and 0 in res:      # the training envs (the eval envs are 2 groups of 1)
+            res[0] = self._truncated(0)   # what a dead worker's env returns
+        return res
+
+    def update(model, opt, sched, samples, *a, **k):
+        trained.extend(s.traj for s in samples)
+        return real_update(model, opt, sched, samples, *a, **k)
+    monkeypatch.setattr(GroupedEnvs, "step", step)
+    monkeypatch.setattr(train, "update", update)
+    train.main(["--iterations", "1", "--n_groups", "2", "--group_size", "2", "--eval_episodes", "2",
+                "--engine", "hf", "--out_dir", str(tmp_path)])
+    row = json.loads(open(tmp_path / "metrics.jsonl").readline())
+    assert (row["success"], row["samples"]) == (1.0, 3) and sorted(trained) == [1, 2, 3]
+    assert row["worker_died"] == 1

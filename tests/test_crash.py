@@ -1,0 +1,192 @@
+"""What a kill, a damaged checkpoint or a NaN can cost: at most the iterations since the last
+checkpoint, never the checkpoint itself. Kill points are simulated by arranging the files a kill
+leaves behind, or by a hook that raises where the kill would strike; train.main runs in-process."""
+import io
+import json
+import os
+import shutil
+
+import pytest
+import torch
+
+import fsdp
+import train
+
+ARGS = ["--n_groups", "2", "--group_size", "2", "--eval_episodes", "2", "--engine", "hf", "--eval_every", "1",
+        "--mini_batch", "8"]
+
+
+class Killed(BaseException):
+    """A kill -9 at this point: nothing after it runs (not even `except Exception`)."""
+
+
+@pytest.fixture(scope="module")
+def done_run(tmp_path_factory):
+    """A finished 2-iteration run, checkpointed at both; tests work on copies."""
+    out = tmp_path_factory.mktemp("done") / "run"
+    train.main([*ARGS, "--iterations", "2", "--out_dir", str(out)])
+    return out
+
+
+@pytest.fixture
+def run(done_run, tmp_path):
+    shutil.copytree(done_run, tmp_path / "run")
+    return tmp_path / "run"
+
+
+def iterations(out):
+    return [json.loads(line)["iteration"] for line in open(out / "metrics.jsonl")]
+
+
+def resume(out, iters=3):
+    return train.main([*ARGS, "--iterations", str(iters), "--out_dir", str(out), "--resume", "1"])
+
+
+def one_line_error(excinfo, *words):
+    msg = str(excinfo.value.code)
+    assert msg.startswith("error: ") and "\n" not in msg, msg
+    assert all(w in msg for w in words), msg
+    return msg
+
+
+def partial(path):
+    """A folder half-deleted by a kill during shutil.rmtree."""
+    files = sorted(os.listdir(path))
+    for f in files[:len(files) // 2]:
+        os.remove(path / f)
+
+
+@pytest.mark.parametrize("arrange", [
+    "ckpt.old half-deleted",       # kill while the swap deleted ckpt.old: every later save failed
+    "model.old half-deleted",      # the same in model/'s swap
+    "ckpt/ renamed, not replaced",  # kill between the swap's two renames: no ckpt/, ckpt.old complete
+    "metrics line half-written",   # kill mid-write of a metrics line: resume crashed on it
+])
+def test_resume_after_a_kill_at_any_point_of_the_save(run, arrange):
+    if arrange == "ckpt.old half-deleted":
+        shutil.copytree(run / "ckpt", run / "ckpt.old")
+        partial(run / "ckpt.old")
+    elif arrange == "model.old half-deleted":
+        shutil.copytree(run / "model", run / "model.old")
+        partial(run / "model.old")
+    elif arrange == "ckpt/ renamed, not replaced":
+        os.replace(run / "ckpt", run / "ckpt.old")
+    else:
+        with open(run / "metrics.jsonl", "a") as f:
+            f.write('{"iteration": 3, "success": 0.')
+    resume(run)
+    assert iterations(run) == [1, 2, 3]
+    assert json.load(open(run / "ckpt" / "meta.json"))["iteration"] == 3
+    assert not any(os.path.exists(run / d) for d in ("ckpt.old", "model.old", "ckpt.tmp", "model.tmp"))
+    from transformers import AutoModelForCausalLM
+    AutoModelForCausalLM.from_pretrained(run / "model")
+
+
+def test_checkpoint_never_leads_the_log(tmp_path, monkeypatch):
+    """A kill in the save of an eval iteration used to lose that iteration's metrics line for good
+    (the line came after the save), and a kill between the two swaps left model/ behind ckpt/. Now
+    the line comes first, model/ is swapped in before ckpt/, and resume redoes the iteration."""
+    out, swaps, real_swap = tmp_path / "run", [], fsdp._swap_in
+
+    def swap(tmp, final):
+        swaps.append(os.path.basename(final))
+        if swaps.count("ckpt") == 2:   # iteration 2's checkpoint: killed before ckpt/ is replaced
+            raise Killed
+        real_swap(tmp, final)
+    monkeypatch.setattr(fsdp, "_swap_in", swap)
+    with pytest.raises(Killed):
+        train.main([*ARGS, "--iterations", "2", "--out_dir", str(out)])
+    assert swaps == ["model", "ckpt", "model", "ckpt"]
+    assert iterations(out) == [1, 2] and json.load(open(out / "ckpt" / "meta.json"))["iteration"] == 1
+    monkeypatch.setattr(fsdp, "_swap_in", real_swap)
+    resume(out, 2)
+    assert iterations(out) == [1, 2] and json.load(open(out / "ckpt" / "meta.json"))["iteration"] == 2
+
+
+def flip_optimizer_bytes(ckpt):
+    """16 bytes of one AdamW exp_avg set to 0xff: they load without complaint, as NaN."""
+    from torch.distributed.checkpoint import FileSystemReader
+    info = next(v for k, v in FileSystemReader(str(ckpt)).read_metadata().storage_data.items()
+                if k.fqn.endswith("q_proj.weight.exp_avg"))
+    path = ckpt / info.relative_path
+    data = bytearray(path.read_bytes())
+    blob = bytes(data[info.offset:info.offset + info.length])
+    at = info.offset + blob.index(torch.load(io.BytesIO(blob)).numpy().tobytes())
+    data[at:at + 16] = b"\xff" * 16
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("damage, words", [
+    ("meta.json truncated", "unreadable or incomplete"),
+    ("meta.json without sched", "unreadable or incomplete"),
+    ("shard truncated", "does not load"),
+    (".metadata missing", "does not load"),
+    ("rng truncated", "does not load"),
+    ("optimizer bytes flipped", "non-finite values"),
+])
+def test_damaged_checkpoint_is_one_line(run, damage, words):
+    ckpt = run / "ckpt"
+    if damage == "meta.json truncated":
+        text = (ckpt / "meta.json").read_text()
+        (ckpt / "meta.json").write_text(text[:len(text) // 2])
+    elif damage == "meta.json without sched":
+        meta = json.load(open(ckpt / "meta.json"))
+        del meta["sched"]
+        (ckpt / "meta.json").write_text(json.dumps(meta))
+    elif damage == "shard truncated":
+        shard = ckpt / "__0_0.distcp"
+        shard.write_bytes(shard.read_bytes()[:shard.stat().st_size // 2])
+    elif damage == ".metadata missing":
+        os.remove(ckpt / ".metadata")
+    elif damage == "rng truncated":
+        (ckpt / "rng0.pt").write_bytes((ckpt / "rng0.pt").read_bytes()[:100])
+    else:
+        flip_optimizer_bytes(ckpt)
+    log = (run / "metrics.jsonl").read_text()
+    with pytest.raises(SystemExit) as e:
+        resume(run)
+    one_line_error(e, "--resume", str(ckpt), "corrupt", words)
+    assert (run / "metrics.jsonl").read_text() == log
+
+
+def test_metrics_log_on_resume(tmp_path):
+    """A half-written last line (a kill mid-write) is dropped; a damaged line before it is one line."""
+    log = tmp_path / "metrics.jsonl"
+    log.write_text('{"iteration": 1}\n{"iteration": 2}\n{"iteration": 3}\n{"itera')
+    assert train.kept_log(str(log), 2) == ['{"iteration": 1}\n', '{"iteration": 2}\n']
+    log.write_text('{"iteration": 1}\n{"iteration": 2}')     # complete, but the newline did not make it
+    assert train.kept_log(str(log), 2) == ['{"iteration": 1}\n', '{"iteration": 2}\n']
+    log.write_text('{"iteration": 1}\ngarbage\n{"iteration": 3}\n')
+    with pytest.raises(SystemExit) as e:
+        train.kept_log(str(log), 3)
+    one_line_error(e, "--resume", "line 2")
+
+
+def snapshot(out):
+    return {p.relative_to(out): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+
+
+def test_non_finite_update_stops_before_anything_is_saved(run, monkeypatch):
+    """Whatever makes the update non-finite, the run stops with one line at that iteration and the
+    last good ckpt/, model/ and log stay as they were (they used to be overwritten with NaN)."""
+    before = snapshot(run)
+    real_update = train.update
+
+    def update(model, *a, **k):   # any cause: here one weight turns NaN in the update of iteration 3
+        out = real_update(model, *a, **k)
+        next(model.parameters()).data[0, 0] = float("nan")
+        return out
+    monkeypatch.setattr(train, "update", update)
+    with pytest.raises(SystemExit) as e:
+        resume(run, 4)
+    one_line_error(e, "iteration 3: non-finite update", "weights not finite", "still hold iteration 2")
+    assert snapshot(run) == before
+
+
+def test_huge_lr_stops_before_anything_is_saved(run):
+    """--lr 1e30 used to exit 0 with NaN loss and weights, saved over the last good checkpoint."""
+    ckpt_model = {k: v for k, v in snapshot(run).items() if k.parts[0] in ("ckpt", "model")}
+    with pytest.raises(SystemExit) as e:
+        train.main([*ARGS, "--iterations", "2", "--lr", "1e30", "--out_dir", str(run)])
+    one_line_error(e, "iteration 1: non-finite update", "saved nothing yet")
+    assert {k: v for k, v in snapshot(run).items() if k.parts[0] in ("ckpt", "model")} == ckpt_model
