@@ -130,15 +130,9 @@ class VLLMEngine:
                   logprobs_mode="processed_logprobs", generation_config="vllm",
                   kv_cache_memory_bytes=kv_cache_mb << 20 if cpu else None,
                   gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=not cpu)
-        try:
-            if cpu:
-                self.llm = LLM(folder, enforce_eager=True, **kw)
-            else:
-                try:
-                    self.llm = LLM(folder, compilation_config={"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}, **kw)
-                except Exception as e:   # a vLLM build without this graph mode: still usable, slower
-                    print(f"warning: vLLM with CUDA graphs failed ({str(e).strip()[:200]}); running it eager")
-                    self.llm = LLM(folder, enforce_eager=True, **kw)
+        try:   # no second try after a failure on GPU: vLLM's sleep-mode allocator serves one engine per process
+            self.llm = LLM(folder, enforce_eager=True, **kw) if cpu else \
+                LLM(folder, compilation_config={"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}, **kw)
         finally:
             torch.set_num_threads = set_threads
             set_threads(threads)
@@ -221,7 +215,10 @@ def make_engine(kind, model, tokenizer, kv_cache_mb, gpu_memory_utilization, own
         return VLLMEngine(model, tokenizer.eos_token_id, kv_cache_mb, gpu_memory_utilization)
     except Exception as e:  # vLLM reports bad input as many exception types; we only need the text
         why = (str(e).strip().splitlines() or [type(e).__name__])[0].split(". ")[0]
-        if "memory" in why.lower():
+        if "memory profiling" in why.lower():   # measured: several runs starting at once on one GPU
+            why = ("another process changed GPU memory while vLLM measured it at start-up; start runs that "
+                   "share a GPU one after another (bench.py --stagger)")
+        elif "memory" in why.lower():
             why = f"KV cache too small: {why}; raise --kv_cache_mb (CPU) or --gpu_memory_utilization (GPU)"
         if isinstance(e, ImportError):
             why = f"vllm is not importable ({why})"
