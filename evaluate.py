@@ -45,7 +45,7 @@ def eval_envs_for(cfg, envs, kwargs, seeds):
                        **{**parse_env_args(cfg.env, cfg.env_args), **kwargs}) if kwargs else envs
 
 
-def evaluate(tok, cfg, envs, prompt, engine):
+def evaluate(tok, cfg, envs, prompt, engine, on_samples=None):
     """Episodes at eval_temperature (0 = greedy) on the eval sets -> {set: success}, in eval_plan's
     order, plus {"set/type": success} per task type (info["task_type"]) where there is one. Prints a
     line per named set: its success, per task type, and the share of invalid-action steps."""
@@ -53,8 +53,10 @@ def evaluate(tok, cfg, envs, prompt, engine):
     for name, (kwargs, seeds) in eval_plan(cfg).items():
         set_envs = eval_envs_for(cfg, envs, kwargs, seeds)
         memories = [make_memory(cfg.memory, cfg.memory_k or None) for _ in range(set_envs.n)]
-        _, episodes, _ = rollout(set_envs, engine, tok, prompt, memories, seeds, cfg.eval_temperature,
+        samples, episodes, _ = rollout(set_envs, engine, tok, prompt, memories, seeds, cfg.eval_temperature,
                                  1.0, cfg.max_response_tokens, desc=f"eval {name}" if kwargs else None)
+        if on_samples:   # records.py: a few whole episodes of each set go to disk
+            on_samples(name, samples)
         rates[name] = float(np.mean([e["won"] for e in episodes]))
         if set_envs is not envs:
             set_envs.close()

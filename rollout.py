@@ -39,6 +39,7 @@ class Sample:
     traj: int           # trajectory id, unique within the batch
     anchor: str         # anchor key: the raw observation the action was taken in
     step: int
+    action: str = ""    # what the env was sent (parsed from the response)
 
 
 class HFEngine:
@@ -278,7 +279,7 @@ def rollout(envs, engine, tokenizer, prompt, memories, group_seeds, temperature,
             reward = float(reward)
             action, valid = actions[i]
             samples.append(Sample(p_ids, ids, lps, reward, term or trunc, valid, envs.group_of(i), i,
-                                  str(infos[i].get("anchor", obs[i])), step))
+                                  str(infos[i].get("anchor", obs[i])), step, action))
             memories[i].add(obs[i], action, reward)
             ep = episodes[i]
             ep["return"] += reward

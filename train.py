@@ -26,6 +26,7 @@ import torch
 from tqdm import tqdm
 
 import gigpo
+import records
 from envs import ENVS, GroupedEnvs, make_env, parse_env_args
 from memory import MEMORIES, make_memory
 from ppo import score, update
@@ -91,7 +92,10 @@ class Config:
     threads: int = 2               # torch CPU threads
     device: str = "auto"           # auto | cpu | cuda
     out_dir: str = "out"           # metrics.jsonl, ckpt.pt, model/ (HF format)
-    wandb: bool = False            # log to Weights & Biases (rank 0)
+    wandb: bool = False            # log to Weights & Biases (rank 0): metrics, and a table of episodes at each eval
+    log_groups: int = 1            # whole episodes to out_dir/episodes.jsonl: this many training groups per iteration,
+                                   # 8x this many episodes per eval set (records.py); 0 = none
+    log_mb: int = 100              # episodes.jsonl stops growing at this size
     resume: bool = False           # continue from out_dir/ckpt (same config; --iterations may grow)
     peak_tflops: float = 0.0       # the device's peak bf16 TFLOP/s per GPU, for the mfu metric (H200: ~790)
     eval_only: bool = False        # load --model, evaluate it (as above), print the result, exit
@@ -213,6 +217,8 @@ def check_config(cfg):
         bad(f"--similarity {cfg.similarity} must be in [0, 1] (0 = exact anchor match)")
     if cfg.engine not in ("auto", "hf", "vllm"):
         bad(f"unknown engine {cfg.engine!r}: use --engine auto, hf or vllm")
+    if cfg.log_groups < 0 or cfg.log_mb < 1:
+        bad(f"--log_groups {cfg.log_groups} must be >= 0 and --log_mb {cfg.log_mb} >= 1")
     if cfg.kv_cache_mb < 1 or not 0 < cfg.gpu_memory_utilization < 1:
         bad("--kv_cache_mb must be >= 1 and --gpu_memory_utilization in (0, 1)")
     if cfg.device not in ("auto", "cpu", "cuda"):
@@ -355,7 +361,9 @@ def main(argv=None):
     wandb = None
     if cfg.wandb and rank == 0:
         import wandb
-        wandb.init(project="gigpo", config=dataclasses.asdict(cfg))
+        wandb.init(project="gigpo", config=dataclasses.asdict(cfg), dir=cfg.out_dir)
+    episode_log = records.EpisodeLog(cfg.out_dir, cfg.log_mb, fresh=not start) if rank == 0 else None
+    shown = []   # this iteration's recorded training episodes: wandb's table at the next eval
     n_params = sum(p.numel() for p in model.parameters())
     t_run = time.perf_counter()
     eval_success, eval_rates = None, {}   # the headline; every set (and task type) on its own
@@ -387,6 +395,10 @@ def main(argv=None):
         scores = gigpo.episode_scores(rewards, trajs, valid, cfg.penalty)
         adv_stats = gigpo.advantage_stats(scores, groups, step_groups)
 
+        if rank == 0 and cfg.log_groups:                # whole episodes, with GiGPO's view of each step
+            keep = set(sorted({s.group for s in samples})[:cfg.log_groups])
+            shown = records.episodes(samples, tok, it, "train", adv, records.advantage_parts(samples, cfg), keep)
+            episode_log.write(shown)
         samples, adv = balance_tokens(samples, adv)     # ranks: even out the tokens each trains on
         t0 = time.perf_counter()
         engine.sleep()                                  # vLLM on GPU: its memory goes to the update
@@ -416,8 +428,11 @@ def main(argv=None):
 
         checkpoint = it % cfg.eval_every == 0 or it == cfg.iterations
         if checkpoint and rank == 0:
-            eval_rates = evaluate(tok, cfg, eval_envs, prompt, engine)
+            eval_rates = evaluate(tok, cfg, eval_envs, prompt, engine, on_samples=lambda name, s: episode_log.write(
+                records.episodes(s, tok, it, name, max_episodes=8 * cfg.log_groups)))
             eval_success = headline(eval_rates)
+            if wandb and shown:
+                wandb.log({"episodes": records.wandb_table(wandb, shown)}, step=it)
         dt = time.perf_counter() - t_it
         # global episode numbers (all ranks); timings and update stats are rank 0's
         tot = all_reduce(torch.tensor([sum(e["won"] for e in episodes), sum(e["return"] for e in episodes),

@@ -58,6 +58,7 @@ def test_bad_input_is_one_line_before_work(args, words):
     (["--ppo_epochs", "0"], "--ppo_epochs"),
     (["--dual_clip", "0.5"], "--dual_clip"),
     (["--eval_temperature", "-1"], "--eval_temperature"),
+    (["--tis_cap", "-1"], "--tis_cap"),
 ])
 def test_bad_values_are_one_line_that_names_the_flag(args, words, tmp_path):
     """Values that used to pass check_config and then fail mid-run (a traceback after up to 26 s),
@@ -107,7 +108,7 @@ def test_two_iterations_end_to_end(tmp_path):
     r = run_train("--iterations", "2", "--eval_every", "1", "--n_groups", "4", "--group_size", "4",
                   "--eval_episodes", "16", "--mini_batch", "32", "--micro_batch_tokens", "64",
                   "--kl_coef", "0.01", "--entropy_coef", "0.001", "--env_args", "max_steps=4",
-                  "--out_dir", str(out))
+                  "--tis_cap", "2", "--out_dir", str(out))
     assert r.returncode == 0, r.stderr[-2000:]
     last = r.stdout.strip().splitlines()[-1]
     assert last.startswith("held-out success") and "random policy" in last
@@ -119,6 +120,8 @@ def test_two_iterations_end_to_end(tmp_path):
                 "samples_per_s", "eval_success"):
         assert key in rows[-1], key
     assert rows[-1]["kl_ref"] >= 0 and rows[-1]["logp_gap"] < 1e-3
+    # truncated IS: float32 on CPU, rollout and trainer agree, so every weight is ~1 and none capped
+    assert all(abs(m["tis_weight"] - 1) < 1e-3 and m["tis_trunc_frac"] == 0 for m in rows)
     assert rows[-1]["optimizer_steps"] >= 2          # ~30-60 samples / mini-batch 32
     assert max(m["episode_length"] for m in rows) <= 4 < 10   # --env_args reached the envs
     # the HF export loads as is, and the checkpoint has what resume needs
@@ -204,3 +207,33 @@ def test_dead_worker_episodes_are_neither_trained_on_nor_counted(tmp_path, monke
     row = json.loads(open(tmp_path / "metrics.jsonl").readline())
     assert (row["success"], row["samples"]) == (1.0, 3) and sorted(trained) == [1, 2, 3]
     assert row["worker_died"] == 1
+
+
+def test_episodes_on_disk_and_wandb_offline(tmp_path):
+    """--log_groups: whole episodes in out_dir/episodes.jsonl (one training group per iteration, 8
+    episodes per eval), each step with GiGPO's parts; --wandb 1 (offline) logs the metrics and, at
+    each eval, a table of the recorded steps."""
+    out = tmp_path / "run"
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+    r = subprocess.run([sys.executable, "train.py", "--iterations", "2", "--eval_every", "1", "--n_groups", "4",
+                        "--group_size", "4", "--eval_episodes", "16", "--wandb", "1", "--out_dir", str(out)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    recs = [json.loads(l) for l in open(out / "episodes.jsonl")]
+    train_recs = [x for x in recs if x["split"] == "train"]
+    assert [x["iteration"] for x in train_recs] == [1] * 4 + [2] * 4        # one group of 4 episodes each
+    assert len({x["group"] for x in train_recs if x["iteration"] == 1}) == 1
+    assert sum(x["split"] == "held-out" for x in recs) == 16                 # 8 per eval, 2 evals
+    for x in train_recs:
+        assert x["length"] == len(x["steps"]) >= 1
+        for s in x["steps"]:
+            assert s["adv"] == pytest.approx(s["adv_episode"] + s["adv_step"])   # omega 1: A = A^E + A^S
+            assert s["prompt"] and s["step_group_size"] >= 1 and s["anchor"].startswith("at (")
+    run = next((out / "wandb").glob("offline-run-*"))
+    blob = next(run.glob("run-*.wandb")).read_bytes()
+    assert all(k in blob for k in (b"success", b"eval_success", b"logp_gap"))
+    tables = sorted(run.glob("files/media/table/episodes_*.table.json"))
+    assert len(tables) == 2
+    table = json.load(open(tables[-1]))
+    assert table["columns"][:3] == ["iteration", "traj", "step"] and len(table["data"]) == sum(
+        x["length"] for x in train_recs if x["iteration"] == 2)

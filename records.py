@@ -1,0 +1,91 @@
+"""Whole episodes on disk, to see what the agent did and what GiGPO made of it.
+
+`out_dir/episodes.jsonl` gets one line per episode: for a few training groups of every iteration
+(`--log_groups`, default 1) and the first `--log_groups x 8` episodes of every evaluation set. Per
+step: the prompt and the response as text, the parsed action, valid, reward, the discounted step
+return, the episode-level advantage A^E, the step-level A^S, the advantage trained on, the anchor
+state and its step group (id and size). Evaluation steps have no advantages (null).
+
+Bounded: a prompt is cut to its last PROMPT_CHARS characters, and the file stops growing at
+`--log_mb` MiB (one line says so); the viewer (`python plots.py OUT_DIR`) reads it.
+"""
+import json
+import os
+
+import numpy as np
+
+import gigpo
+
+PROMPT_CHARS = 4000
+
+
+def advantage_parts(samples, cfg):
+    """-> {step_return, adv_episode, adv_step, step_group, step_group_size}, one value per sample,
+    from gigpo's own functions (compute_advantages keeps its intermediates private)."""
+    rewards, trajs, groups, anchors, valid = (
+        [getattr(s, f) for s in samples] for f in ("reward", "traj", "group", "anchor", "valid"))
+    scores = gigpo.episode_scores(rewards, trajs, valid, cfg.penalty)
+    rets = gigpo.step_returns(rewards, trajs, valid, cfg.gamma, cfg.penalty)
+    sg = gigpo.step_groups(anchors, groups, cfg.similarity or None)
+    if cfg.algo == "rloo":
+        ae = gigpo.rloo_advantage(scores, groups, trajs, stats=cfg.stats)
+    else:
+        ae = gigpo.episode_advantage(scores, groups, trajs, norm=cfg.norm, stats=cfg.stats)
+    a_s = gigpo.step_advantage(rets, sg, cfg.norm) if cfg.algo == "gigpo" else np.zeros(len(samples))
+    size = {g: n for g, n in zip(*np.unique(np.asarray(sg), return_counts=True))}
+    return {"step_return": rets, "adv_episode": ae, "adv_step": a_s, "step_group": sg,
+            "step_group_size": [size[g] for g in sg]}
+
+
+def episodes(samples, tok, iteration, split, adv=None, parts=None, groups=None, max_episodes=None):
+    """Samples -> episode records (dicts), in trajectory order. groups: keep only these episode
+    groups; max_episodes: keep the first n trajectories. adv/parts: training only."""
+    by_traj = {}
+    for k, s in enumerate(samples):
+        if groups is None or s.group in groups:
+            by_traj.setdefault(s.traj, []).append(k)
+    out = []
+    for traj, ks in list(by_traj.items())[:max_episodes]:
+        steps = []
+        for k in ks:
+            s = samples[k]
+            prompt = tok.decode(s.prompt_ids, skip_special_tokens=False)
+            step = {"step": s.step, "prompt": prompt[-PROMPT_CHARS:], "response": tok.decode(s.response_ids),
+                    "action": s.action, "valid": s.valid, "reward": s.reward, "anchor": s.anchor}
+            if parts is not None:
+                step |= {"adv": float(adv[k])} | {name: v[k].item() if hasattr(v[k], "item") else v[k]
+                                                  for name, v in parts.items()}
+            steps.append(step)
+        out.append({"iteration": iteration, "split": split, "group": samples[ks[0]].group, "traj": traj,
+                    "return": sum(x["reward"] for x in steps), "length": len(steps), "steps": steps})
+    return out
+
+
+class EpisodeLog:
+    """Appends episode records to out_dir/episodes.jsonl until it holds max_mb MiB."""
+
+    def __init__(self, out_dir, max_mb, fresh):
+        self.path, self.cap, self.full = os.path.join(out_dir, "episodes.jsonl"), max_mb << 20, False
+        if fresh and os.path.exists(self.path):
+            os.remove(self.path)
+
+    def write(self, records):
+        if self.full or not records:
+            return
+        text = "".join(json.dumps(r, default=str) + "\n" for r in records)
+        size = os.path.getsize(self.path) if os.path.exists(self.path) else 0
+        if size + len(text) > self.cap:
+            self.full = True
+            print(f"note: {self.path} reached --log_mb {self.cap >> 20}; no more episodes are written to it")
+            return
+        with open(self.path, "a") as f:
+            f.write(text)
+
+
+def wandb_table(wandb, recs):
+    """A wandb.Table of the steps of some episode records: one row per step."""
+    cols = ["iteration", "traj", "step", "observation", "response", "action", "valid", "reward", "adv_episode",
+            "adv_step", "adv"]
+    rows = [[r["iteration"], r["traj"], x["step"], x["anchor"], x["response"], x["action"], x["valid"], x["reward"],
+             x.get("adv_episode"), x.get("adv_step"), x.get("adv")] for r in recs for x in r["steps"]]
+    return wandb.Table(columns=cols, data=rows)
