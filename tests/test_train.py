@@ -1,5 +1,6 @@
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -236,4 +237,19 @@ def test_episodes_on_disk_and_wandb_offline(tmp_path):
     assert len(tables) == 2
     table = json.load(open(tables[-1]))
     assert table["columns"][:3] == ["iteration", "traj", "step"] and len(table["data"]) == sum(
+        x["length"] for x in train_recs if x["iteration"] == 2)
+
+    # the viewer: curves + a self-contained page; a real headless browser runs its script
+    import plots
+    plots.main([str(out)])
+    assert (out / "curves.png").stat().st_size > 10_000
+    browser = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    if browser is None:
+        pytest.skip("no chromium for the page check (.ci/run installs Debian's)")
+    dom = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom",
+                          (out / "report.html").as_uri()], capture_output=True, text=True, timeout=120).stdout
+    body = dom[dom.index("<body"):dom.index(">", dom.index("<body"))]
+    assert 'data-ready="1"' in body and "data-errors" not in body, body
+    assert 'data-shown="4"' in body                   # the newest training group: 4 trajectories
+    assert dom.count('class="episode"') == 4 and dom.count('class="step"') == sum(
         x["length"] for x in train_recs if x["iteration"] == 2)
