@@ -1,12 +1,35 @@
-"""Env registry: `--env NAME` -> a class with the text-gym interface below.
+"""Env registry: `--env NAME` -> a gymnasium.Env with text observations and actions:
 
-    reset(seed) -> (obs: str, info)                      info: task, admissible_actions, won[, anchor]
+    reset(seed=None, options=None) -> (obs: str, info)   info: task, admissible_actions, won[, anchor]
     step(action: str) -> (obs, reward, terminated, truncated, info)
+
+reset also takes the seed positionally (GroupedEnvs calls reset(seed)), and the first observation
+depends on the seed alone. Every env is registered with gymnasium as gigpo/<Class>-v0, so
+`gymnasium.make("gigpo/TreasureHunt-v0")` works. The trainer steps envs through GroupedEnvs
+(envs/vector.py), not gymnasium's vector envs: it steps only the envs still playing, checks that
+the envs of a group start identical, and restarts a dead worker process without losing the batch.
 
 To add an env: write envs/<name>.py with such a class, prompts/<name>.py with build() and parse(),
 and add one line to ENVS below (README, "Adding an env").
 """
 import importlib
+
+import gymnasium
+
+
+class TextSpace(gymnasium.spaces.Space):
+    """Any string (gymnasium's Text space rejects characters outside its charset, newlines among
+    them); sample() draws one of `examples` (the moves, for an action space)."""
+
+    def __init__(self, examples=("",), seed=None):
+        super().__init__(seed=seed)
+        self.examples = list(examples)
+
+    def contains(self, x):
+        return isinstance(x, str)
+
+    def sample(self, mask=None, probability=None):
+        return self.examples[int(self.np_random.integers(len(self.examples)))]
 
 ENVS = {  # name -> (module, class, default kwargs)
     "treasure": ("envs.treasure", "TreasureHunt", {}),
@@ -42,6 +65,10 @@ def parse_env_args(name, text):
 
 def make_env(name, **kwargs):
     return env_class(name)(**{**ENVS[name][2], **kwargs})
+
+
+for _name, (_module, _cls, _kw) in ENVS.items():   # gymnasium.make("gigpo/TreasureHunt-v0", size=6)
+    gymnasium.register(f"gigpo/{_cls}-v0", entry_point=f"{_module}:{_cls}", kwargs=_kw)
 
 
 from envs.vector import GroupedEnvs  # noqa: E402  (re-export)

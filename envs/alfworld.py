@@ -25,9 +25,12 @@ import os
 import random
 import tarfile
 
+import gymnasium
 import textworld
 from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredInfos
 from textworld.envs.wrappers import Filter
+
+from envs import TextSpace
 
 TASK_TYPES = {  # game folder prefix -> the short name used in the paper's tables
     "pick_and_place_simple": "pick", "look_at_obj_in_light": "look",
@@ -96,7 +99,7 @@ def unpack(archive, dest, splits=("train", "valid_seen", "valid_unseen"), per_ty
     return dest
 
 
-class ALFWorld:
+class ALFWorld(gymnasium.Env):
     INFOS = textworld.EnvInfos(won=True, admissible_commands=True, extras=["gamefile"])
 
     def __init__(self, split="train", data_dir=None, max_steps=50):
@@ -105,8 +108,12 @@ class ALFWorld:
             random.Random(0).shuffle(self.games)
         self.max_steps = max_steps
         self.env, self.gamefile = None, None
+        self.observation_space, self.action_space = TextSpace(), TextSpace(["look"])
 
-    def reset(self, seed):
+    def reset(self, seed=None, options=None):
+        """reset(seed) or reset(seed=...): game seed % len(split); without a seed, one drawn from np_random."""
+        super().reset(seed=seed)
+        seed = seed if seed is not None else int(self.np_random.integers(2**62))
         gamefile = self.games[seed % len(self.games)]
         if gamefile != self.gamefile:  # a game is loaded once per env and reset in place after
             if self.env is not None:

@@ -21,10 +21,14 @@ the largest distance is 8 < 10 steps. With walls the optimal rate can be lower (
 import math
 import random
 
+import gymnasium
+
+from envs import TextSpace
+
 MOVES = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}
 
 
-class TreasureHunt:
+class TreasureHunt(gymnasium.Env):
     def __init__(self, size=5, max_steps=10, walls=0, progress=0.1):
         # the values come from --env_args as literals or plain strings: "progress=abc" must fail here
         if not all(type(v) is int for v in (size, max_steps, walls)) or type(progress) not in (int, float) \
@@ -35,9 +39,13 @@ class TreasureHunt:
             raise ValueError(f"treasure: need size >= 2, max_steps >= 1, 0 <= walls <= size^2 - 2; "
                              f"got size={size} max_steps={max_steps} walls={walls}")
         self.size, self.max_steps, self.n_walls, self.progress = size, max_steps, walls, progress
+        self.observation_space, self.action_space = TextSpace(), TextSpace(MOVES)
 
-    def reset(self, seed):
-        rng = random.Random(seed)
+    def reset(self, seed=None, options=None):
+        """reset(seed) or reset(seed=...): the grid depends on the seed alone (python's Random, as
+        always); without one, a seed drawn from the env's np_random (gymnasium's convention)."""
+        super().reset(seed=seed)
+        rng = random.Random(seed if seed is not None else int(self.np_random.integers(2**62)))
         cells = [(r, c) for r in range(self.size) for c in range(self.size)]
         picks = rng.sample(cells, 2 + self.n_walls)
         self.pos, self.treasure, self.walls = picks[0], picks[1], set(picks[2:])

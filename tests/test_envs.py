@@ -1,6 +1,6 @@
 import pytest
 
-from envs import GroupedEnvs, make_env
+from envs import ENVS, GroupedEnvs, make_env
 from envs.treasure import MOVES, TreasureHunt, success_rate
 from memory import MEMORIES, make_memory
 from prompts import prompt_module
@@ -159,3 +159,24 @@ def test_memories():
     assert w.text() == "[b -> down]"
     mems["window"].reset("again")
     assert mems["window"].text() == ""
+
+
+@pytest.mark.parametrize("name", sorted(ENVS))
+def test_every_env_is_a_checked_gymnasium_env(name):
+    """gymnasium.make works for every registered env and gymnasium's env checker passes; reset(seed)
+    (how GroupedEnvs calls it) equals reset(seed=...). ALFWorld where its games are unpacked."""
+    import gymnasium
+    from gymnasium.utils.env_checker import check_env
+    module, cls, kwargs = ENVS[name]
+    if name == "alfworld":
+        pytest.importorskip("alfworld", reason="alfworld not installed")
+        from envs.alfworld import game_files
+        try:
+            game_files("valid_unseen")
+        except FileNotFoundError:
+            pytest.skip("ALFWorld games are not unpacked (README, ALFWorld)")
+        kwargs = {"split": "valid_unseen"}
+    env = gymnasium.make(f"gigpo/{cls}-v0", **kwargs).unwrapped
+    assert isinstance(env, gymnasium.Env)
+    check_env(env, skip_render_check=True)
+    assert env.reset(7)[0] == env.reset(seed=7)[0] == make_env(name, **kwargs).reset(7)[0]
