@@ -253,3 +253,15 @@ def test_episodes_on_disk_and_wandb_offline(tmp_path):
     assert 'data-shown="4"' in body                   # the newest training group: 4 trajectories
     assert dom.count('class="episode"') == 4 and dom.count('class="step"') == sum(
         x["length"] for x in train_recs if x["iteration"] == 2)
+
+
+def test_viewer_bad_out_dir_is_one_line(tmp_path):
+    import plots
+    for bad in (tmp_path / "missing", tmp_path):          # no such dir; a dir without metrics.jsonl
+        with pytest.raises(SystemExit) as e:
+            plots.main([str(bad)])
+        assert str(e.value.code).startswith("error: no ") and "--out_dir" in str(e.value.code)
+    (tmp_path / "metrics.jsonl").write_text('{"iteration": 1, "succ')   # a line a crash cut short
+    with pytest.raises(SystemExit) as e:
+        plots.main([str(tmp_path)])
+    assert "no complete line" in str(e.value.code)
