@@ -11,6 +11,7 @@ import importlib
 ENVS = {  # name -> (module, class, default kwargs)
     "treasure": ("envs.treasure", "TreasureHunt", {}),
     "alfworld": ("envs.alfworld", "ALFWorld", {}),
+    "sokoban": ("envs.sokoban", "Sokoban", {}),
 }
 
 
