@@ -12,10 +12,10 @@ box off one, +10 when every box is on a target (the episode ends; truncated afte
 
     obs:    the grid, one row per line, cells separated by spaces, then the legend:
             # # # # # #
-            # _ _ P _ #          # wall, _ floor, O target, X box, √ box on target,
-            # _ X _ _ #          P you, S you on a target
-            # _ O _ # #
+            # _ _ P _ #
+            # _ X _ _ #
             ...
+            # wall, _ floor, O target, X box, √ box on target, P you, S you on a target
     action: up, down, left or right (anything else is a no-op step); anchor: the grid text
 
 `python -m envs.sokoban` prints the random policy's success and the share of rooms solvable
