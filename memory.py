@@ -66,7 +66,22 @@ class VisitedMemory(NoMemory):
         return f"visited {cells} last {self.steps[-1][1]}"
 
 
-MEMORIES = {"none": NoMemory, "window": WindowMemory, "full": FullHistory, "visited": VisitedMemory}
+class BoxesMemory(WindowMemory):
+    """Sokoban: the last k moves, each with where you and the boxes stood before it (`P 1 3 X 2 3
+    down`), not the whole grids that `window` repeats: the walls and targets never move, and a
+    pushed or stuck box shows in the positions. Other envs' observations give just the moves."""
+
+    def __init__(self, k=3):
+        super().__init__(k)
+
+    def text(self):
+        from prompts.sokoban import grid_rows, positions
+        recent = self.steps[-self.k:] if self.k > 0 else []
+        return " ".join(f"{positions(grid_rows(obs), targets=False)} {action}".strip() for obs, action, _ in recent)
+
+
+MEMORIES = {"none": NoMemory, "window": WindowMemory, "full": FullHistory, "visited": VisitedMemory,
+            "boxes": BoxesMemory}
 
 
 def make_memory(name, k=None):

@@ -164,6 +164,8 @@ def check_config(cfg):
         env_args = parse_env_args(cfg.env, cfg.env_args)
         if env_args and cfg.env == "treasure":  # cheap to build: check the values too
             make_env(cfg.env, **env_args)
+        if env_args and cfg.env == "sokoban":   # and generate one room (too many boxes for the room fail there)
+            make_env(cfg.env, **env_args).reset(0)
     except (ValueError, TypeError) as e:
         bad(str(e) if str(e).startswith("--env_args") else f"--env_args {cfg.env_args!r}: {e}")
     if cfg.memory not in MEMORIES:

@@ -34,6 +34,7 @@ class TextSpace(gymnasium.spaces.Space):
 ENVS = {  # name -> (module, class, default kwargs)
     "treasure": ("envs.treasure", "TreasureHunt", {}),
     "alfworld": ("envs.alfworld", "ALFWorld", {}),
+    "sokoban": ("envs.sokoban", "Sokoban", {}),
 }
 
 
