@@ -62,12 +62,24 @@ def episodes(samples, tok, iteration, split, adv=None, parts=None, groups=None, 
 
 
 class EpisodeLog:
-    """Appends episode records to out_dir/episodes.jsonl until it holds max_mb MiB."""
+    """Appends episode records to out_dir/episodes.jsonl until it holds max_mb MiB. A run resumed
+    at iteration `start` keeps the records of iterations <= start (as its metrics log); a new run
+    starts the file afresh."""
 
-    def __init__(self, out_dir, max_mb, fresh):
+    def __init__(self, out_dir, max_mb, start=0):
         self.path, self.cap, self.full = os.path.join(out_dir, "episodes.jsonl"), max_mb << 20, False
-        if fresh and os.path.exists(self.path):
-            os.remove(self.path)
+        if os.path.exists(self.path):
+            kept = []
+            if start:
+                for line in open(self.path):
+                    try:
+                        if json.loads(line)["iteration"] <= start:
+                            kept.append(line)
+                    except (json.JSONDecodeError, KeyError):   # a line a crash cut short
+                        pass
+            with open(self.path + ".tmp", "w") as f:
+                f.writelines(kept)
+            os.replace(self.path + ".tmp", self.path)
 
     def write(self, records):
         if self.full or not records:

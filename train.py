@@ -364,7 +364,7 @@ def main(argv=None):
     if cfg.wandb and rank == 0:
         import wandb
         wandb.init(project="gigpo", config=dataclasses.asdict(cfg), dir=cfg.out_dir)
-    episode_log = records.EpisodeLog(cfg.out_dir, cfg.log_mb, fresh=not start) if rank == 0 else None
+    episode_log = records.EpisodeLog(cfg.out_dir, cfg.log_mb, start) if rank == 0 else None
     shown = []   # this iteration's recorded training episodes: wandb's table at the next eval
     n_params = sum(p.numel() for p in model.parameters())
     t_run = time.perf_counter()
@@ -400,7 +400,6 @@ def main(argv=None):
         if rank == 0 and cfg.log_groups:                # whole episodes, with GiGPO's view of each step
             keep = set(sorted({s.group for s in samples})[:cfg.log_groups])
             shown = records.episodes(samples, tok, it, "train", adv, records.advantage_parts(samples, cfg), keep)
-            episode_log.write(shown)
         samples, adv = balance_tokens(samples, adv)     # ranks: even out the tokens each trains on
         t0 = time.perf_counter()
         engine.sleep()                                  # vLLM on GPU: its memory goes to the update
@@ -423,6 +422,8 @@ def main(argv=None):
         if device.type == "cuda":
             torch.cuda.synchronize()
         t_update = time.perf_counter() - t0
+        if rank == 0 and cfg.log_groups:   # written once the update is known finite, like everything else
+            episode_log.write(shown)
         t0 = time.perf_counter()
         engine.wake()
         sync_weights(engine, full_parameters(model))

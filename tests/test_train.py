@@ -265,3 +265,15 @@ def test_viewer_bad_out_dir_is_one_line(tmp_path):
     with pytest.raises(SystemExit) as e:
         plots.main([str(tmp_path)])
     assert "no complete line" in str(e.value.code)
+
+
+def test_episode_log_on_resume_keeps_the_checkpointed_iterations(tmp_path):
+    import records
+    path = tmp_path / "episodes.jsonl"
+    path.write_text('{"iteration": 1}\n{"iteration": 2}\n{"iteration": 3}\n{"iterat')
+    records.EpisodeLog(str(tmp_path), 1, start=2)          # resumed from the checkpoint of iteration 2
+    assert path.read_text() == '{"iteration": 1}\n{"iteration": 2}\n'
+    log = records.EpisodeLog(str(tmp_path), 1)              # a new run starts afresh
+    assert path.read_text() == ""
+    log.write([{"iteration": 1, "x": "y" * (2 << 20)}])      # over --log_mb 1: not written, one note
+    assert path.read_text() == "" and log.full
