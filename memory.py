@@ -44,7 +44,7 @@ class FullHistory(WindowMemory):
 
 
 class VisitedMemory(NoMemory):
-    """Structured memory, the teaching example (the seed article's TreasurePositionMemory): the
+    """Structured memory, the teaching example: the
     distinct positions visited so far, oldest first, at most k of the most recent, plus the last
     action. It parses "at (r, c)" out of the observation, so it is specific to grid games."""
 

@@ -38,7 +38,7 @@ TASK_TYPES = {  # game folder prefix -> the short name used in the paper's table
     "pick_cool_then_place_in_recep": "cool", "pick_two_obj_and_place": "pick2"}
 
 # Config field -> value when `--env alfworld` is given: the paper's / reference's setup
-# (REFERENCE.md, section 4); any flag still overrides.
+# (the paper's ALFWorld setup); any flag still overrides.
 TRAIN_DEFAULTS = {
     "model": "Qwen/Qwen2.5-1.5B-Instruct", "memory": "window", "memory_k": 2,
     "n_groups": 16, "group_size": 8, "env_workers": 8, "max_response_tokens": 512,

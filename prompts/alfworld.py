@@ -1,4 +1,4 @@
-"""Prompt and parser for ALFWorld, after the reference's template (REFERENCE.md, section 5).
+"""Prompt and parser for ALFWorld, after the reference system's template.
 
 One user message per step: the task, how many steps were taken, the memory's last observation /
 action pairs, the current step and observation, the admissible actions (without "help"), and the
