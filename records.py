@@ -21,7 +21,8 @@ PROMPT_CHARS = 4000
 
 def advantage_parts(samples, cfg):
     """-> {step_return, adv_episode, adv_step, step_group, step_group_size}, one value per sample,
-    from gigpo's own functions (compute_advantages keeps its intermediates private)."""
+    from gigpo's own functions (compute_advantages keeps its intermediates private). Pass whole
+    episode groups: every part is computed within an episode group."""
     rewards, trajs, groups, anchors, valid = (
         [getattr(s, f) for s in samples] for f in ("reward", "traj", "group", "anchor", "valid"))
     scores = gigpo.episode_scores(rewards, trajs, valid, cfg.penalty)
@@ -37,13 +38,12 @@ def advantage_parts(samples, cfg):
             "step_group_size": [size[g] for g in sg]}
 
 
-def episodes(samples, tok, iteration, split, adv=None, parts=None, groups=None, max_episodes=None):
-    """Samples -> episode records (dicts), in trajectory order. groups: keep only these episode
-    groups; max_episodes: keep the first n trajectories. adv/parts: training only."""
+def episodes(samples, tok, iteration, split, adv=None, parts=None, max_episodes=None):
+    """Samples -> episode records (dicts), in trajectory order; max_episodes: the first n
+    trajectories. adv/parts (advantage_parts of the same samples): training only."""
     by_traj = {}
     for k, s in enumerate(samples):
-        if groups is None or s.group in groups:
-            by_traj.setdefault(s.traj, []).append(k)
+        by_traj.setdefault(s.traj, []).append(k)
     out = []
     for traj, ks in list(by_traj.items())[:max_episodes]:
         steps = []

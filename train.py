@@ -399,7 +399,9 @@ def main(argv=None):
 
         if rank == 0 and cfg.log_groups:                # whole episodes, with GiGPO's view of each step
             keep = set(sorted({s.group for s in samples})[:cfg.log_groups])
-            shown = records.episodes(samples, tok, it, "train", adv, records.advantage_parts(samples, cfg), keep)
+            ks = [k for k, s in enumerate(samples) if s.group in keep]   # groups are independent: their
+            sub = [samples[k] for k in ks]                              # parts need only their own samples
+            shown = records.episodes(sub, tok, it, "train", adv[ks], records.advantage_parts(sub, cfg))
         samples, adv = balance_tokens(samples, adv)     # ranks: even out the tokens each trains on
         t0 = time.perf_counter()
         engine.sleep()                                  # vLLM on GPU: its memory goes to the update
