@@ -112,6 +112,9 @@ class VLLMEngine:
     dtype the trainer computes in under FSDP2 (an engine in float32 next to a bf16 trainer is a
     logp_gap of its own), no torch.compile, and CUDA graphs for the decode steps (prefill is one big
     batch and runs eager; graphs start in seconds where compiling takes about a minute).
+    GPU memory: vLLM takes `gpu_memory_utilization` of the GPU, sized by a start-up profiling run
+    that fails when other processes change their GPU memory meanwhile (runs sharing a GPU); with
+    gpu_memory_utilization 0 it takes a fixed `kv_cache_mb` cache instead and skips that profiling.
     """
 
     def __init__(self, model, eos_id, kv_cache_mb, gpu_memory_utilization):
@@ -129,8 +132,8 @@ class VLLMEngine:
             torch.get_num_threads(), torch.set_num_threads
         kw = dict(skip_tokenizer_init=True, load_format="dummy", dtype=model.dtype if cpu else torch.bfloat16,
                   logprobs_mode="processed_logprobs", generation_config="vllm",
-                  kv_cache_memory_bytes=kv_cache_mb << 20 if cpu else None,
-                  gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=not cpu)
+                  kv_cache_memory_bytes=kv_cache_mb << 20 if cpu or not gpu_memory_utilization else None,
+                  gpu_memory_utilization=gpu_memory_utilization or 0.01, enable_sleep_mode=not cpu)
         try:   # no second try after a failure on GPU: vLLM's sleep-mode allocator serves one engine per process
             self.llm = LLM(folder, enforce_eager=True, **kw) if cpu else \
                 LLM(folder, compilation_config={"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}, **kw)
@@ -220,7 +223,7 @@ def make_engine(kind, model, tokenizer, kv_cache_mb, gpu_memory_utilization, own
             why = ("another process changed GPU memory while vLLM measured it at start-up; start runs that "
                    "share a GPU one after another (bench.py --stagger)")
         elif "memory" in why.lower():
-            why = f"KV cache too small: {why}; raise --kv_cache_mb (CPU) or --gpu_memory_utilization (GPU)"
+            why = f"KV cache too small: {why}; raise --kv_cache_mb (CPU, or GPU with --gpu_memory_utilization 0) or --gpu_memory_utilization (GPU)"
         if isinstance(e, ImportError):
             why = f"vllm is not importable ({why})"
         if kind == "vllm":

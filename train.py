@@ -57,8 +57,9 @@ class Config:
     top_p: float = 1.0             # rollout nucleus sampling
     max_response_tokens: int = 1   # tokens per step response: the tiny model says one word (paper: 512)
     engine: str = "auto"           # auto (vllm where it imports and serves the model, else hf) | hf | vllm
-    kv_cache_mb: int = 1024        # vLLM on CPU: KV cache size, MiB
-    gpu_memory_utilization: float = 0.3  # vLLM on GPU: share of GPU memory it takes (weights + KV cache)
+    kv_cache_mb: int = 1024        # vLLM on CPU (or GPU with --gpu_memory_utilization 0): KV cache size, MiB
+    gpu_memory_utilization: float = 0.3  # vLLM on GPU: share of GPU memory it takes (weights + KV cache);
+                                   # 0 = a fixed --kv_cache_mb cache, no start-up profiling (runs sharing a GPU)
     # algorithm (gigpo.py)
     algo: str = "gigpo"            # gigpo | grpo | rloo
     gamma: float = 0.95            # discount of step returns (paper: 0.95)
@@ -221,8 +222,8 @@ def check_config(cfg):
         bad(f"unknown engine {cfg.engine!r}: use --engine auto, hf or vllm")
     if cfg.log_groups < 0 or cfg.log_mb < 1:
         bad(f"--log_groups {cfg.log_groups} must be >= 0 and --log_mb {cfg.log_mb} >= 1")
-    if cfg.kv_cache_mb < 1 or not 0 < cfg.gpu_memory_utilization < 1:
-        bad("--kv_cache_mb must be >= 1 and --gpu_memory_utilization in (0, 1)")
+    if cfg.kv_cache_mb < 1 or not 0 <= cfg.gpu_memory_utilization < 1:
+        bad("--kv_cache_mb must be >= 1 and --gpu_memory_utilization in [0, 1)")
     if cfg.device not in ("auto", "cpu", "cuda"):
         bad(f"unknown device {cfg.device!r}: use --device auto, cpu or cuda")
     if cfg.device == "cuda" and not torch.cuda.is_available():

@@ -6,7 +6,14 @@ a tiny model trained from scratch on a word-level vocabulary, and every prompt t
 coordinates mean, what each move does and how to answer, in words such a model can follow
 (prompt_module picks it for any model but the tiny one). Both parsers want one admissible word;
 the chat one forgives case, surrounding spaces, quotes and a final full stop ("Down." is "down").
+
+The chat prompt lists the four answers in an order drawn from the state. Measured on
+SmolLM2-135M-Instruct (48 states x 8 samples, T=1, 4 tokens) with the fixed order "up, down, left or
+right": 17% of replies were one valid word, and 75% of those were "up" (the model copies the first
+option). Trained from there, the policy said "up" in every state within 10 iterations, before it had
+learned to read the coordinates (LOG.md). A state-dependent order takes the bias off any one move.
 """
+import random
 import re
 
 RULES = ("You are playing a treasure hunt on a grid. Positions are (row, column): row 0 is the top "
@@ -27,8 +34,9 @@ def build_chat(task, history_text, obs, admissible, step):
     state = (f"You are at {where.get('at', '?')}. The treasure is at {where.get('treasure', '?')}."
              + (f" Walls: {', '.join(walls)}." if walls else ""))
     memory = f"\nMemory: {history_text}" if history_text else ""
+    a, b, c, d = random.Random(obs).sample(["up", "down", "left", "right"], 4)  # same state, same order
     return [{"role": "user", "content": f"{RULES.format(walls=' or a wall' if walls else '')}{memory}\n"
-                                        f"{state}\nAnswer with one word: up, down, left or right."}]
+                                        f"{state}\nAnswer with one word: {a}, {b}, {c} or {d}."}]
 
 
 def parse(response_text, admissible):

