@@ -32,7 +32,7 @@ def attn_implementation(device):
     """flash-attn 2 where it is installed, else torch's own varlen flash kernel (torch >= 2.10), both
     on packed rows; else SDPA on left-padded rows. On CUDA, cuDNN's SDPA is turned off: with a
     padding mask it spent ~25 ms of CPU per call on an H200 while the GPU idled (measured with
-    `bench_update.py --profile 1`); SDPA's other kernels do not."""
+    `python -m bench.update --profile 1`); SDPA's other kernels do not."""
     if device.type != "cuda":
         return "sdpa"
     torch.backends.cuda.enable_cudnn_sdp(False)

@@ -218,7 +218,7 @@ def make_engine(kind, model, tokenizer, kv_cache_mb, gpu_memory_utilization, own
         why = (str(e).strip().splitlines() or [type(e).__name__])[0].split(". ")[0]
         if "memory profiling" in why.lower():   # measured: several runs starting at once on one GPU
             why = ("another process changed GPU memory while vLLM measured it at start-up; start runs that "
-                   "share a GPU one after another (bench.py --stagger)")
+                   "share a GPU one after another (python -m bench.sweep --stagger)")
         elif "memory" in why.lower():
             why = f"KV cache too small: {why}; raise --kv_cache_mb (CPU) or --gpu_memory_utilization (GPU)"
         if isinstance(e, ImportError):

