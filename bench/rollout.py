@@ -6,7 +6,7 @@
 
 --gpu: SmolLM2-135M-Instruct in bfloat16 on CUDA, the chat prompt, 32 groups x 8 envs, both engines
 as train.py builds them there (vLLM with CUDA graphs); then where the logp_gap comes from: one
-sampled vLLM rollout is scored by the trainer's code path (ppo.score) in float32 and in bfloat16
+sampled vLLM rollout is scored by the trainer's code path (ppo.logprobs) in float32 and in bfloat16
 (packed varlen rows, as FSDP2 computes them, and left-padded SDPA rows), and each pair of the
 four log-prob sets (vLLM's own and those three) is compared, mean |difference| per response token.
 SmolLM2-135M-Instruct comes from smollm2.py (its PyPI wheel, dequantised to float32).
@@ -67,10 +67,10 @@ def bench(name, model, tok, n_groups, group_size, max_tokens, rounds, kv_cache_m
 
 def logp_gap_report(model, samples):
     """Mean |log-prob difference| per response token between vLLM's own log-probs and the trainer's
-    code path (ppo.score) at float32 and at bfloat16 (packed varlen rows, and left-padded SDPA rows)."""
+    code path (ppo.logprobs) at float32 and at bfloat16 (packed varlen rows, and left-padded SDPA rows)."""
     import copy
     import fsdp
-    from ppo import score
+    from ppo import logprobs
     from train import Config
     cfg = Config(micro_batch_tokens=16384)
     sets = {"vllm (bf16)": [torch.tensor(s.logprobs) for s in samples]}
@@ -78,7 +78,8 @@ def logp_gap_report(model, samples):
                               fsdp.attn_implementation(torch.device("cuda"))), ("trainer bf16 padded", torch.bfloat16, "sdpa")]:
         m = copy.deepcopy(model).to(dtype)
         m.config._attn_implementation = attn
-        sets[name] = score(m, samples, cfg, torch.device("cuda"), 0, attn in fsdp.PACKED_ATTN)
+        sets[name] = logprobs(m, samples, cfg=cfg, device=torch.device("cuda"), pad_id=0,
+                              packed=attn in fsdp.PACKED_ATTN)
         del m
     n = sum(len(s.response_ids) for s in samples)
     print(f"\nlogp gap on {len(samples)} vLLM samples ({n} response tokens, T=1): mean |a - b| per token\n")
