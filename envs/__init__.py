@@ -10,7 +10,7 @@ depends on the seed alone. Every env is registered with gymnasium as gigpo/<Clas
 the envs of a group start identical, and restarts a dead worker process without losing the batch.
 
 To add an env: write envs/<name>.py with such a class, prompts/<name>.py with build() and parse(),
-and add one line to ENVS below (README, "Adding an env").
+and add one line to ENVS below (README, "Course assignments").
 
 Optional hooks (an env without them gets the default; ALFWorld uses all three):
   in envs/<name>.py, read through env_module(name):
