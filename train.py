@@ -102,7 +102,7 @@ class Config:
     train_seeds: int = 0           # 0 = fresh env seeds every iteration; N = cycle N fixed tasks (overfit check)
     threads: int = 2               # torch CPU threads
     device: str = "auto"           # auto | cpu | cuda
-    out_dir: str = "out"           # metrics.jsonl, ckpt.pt, model/ (HF format)
+    out_dir: str = "out"           # metrics.jsonl, episodes.jsonl, ckpt/ (to resume), model/ (HF format)
     wandb: bool = False            # log to Weights & Biases (rank 0): metrics, and a table of episodes at each eval
     log_groups: int = 1            # whole episodes to out_dir/episodes.jsonl: this many training groups per iteration,
                                    # 8x this many episodes per eval set (records.py); 0 = none
@@ -115,9 +115,9 @@ class Config:
 
 # Per-env presets: `--env NAME` applies its Config values first, then the flags (which still override).
 PRESETS = {
-    # the paper's ALFWorld setup: Qwen2.5-1.5B-Instruct, 16 groups x 8 envs of one
-    # game each, window memory k = 2, 512 response tokens, constant lr 1e-6, KL 0.01, entropy 0.001,
-    # mean_std_norm, 150 iterations; evaluation at T = 0.4 on valid_seen / valid_unseen every 10
+    # the paper's ALFWorld setup: Qwen2.5-1.5B-Instruct, 16 groups x 8 envs of one game each, window
+    # memory k = 2, 512 response tokens, constant lr 1e-6, KL 0.01, entropy 0.001, mean_std_norm, 150
+    # iterations; evaluation at T = 0.4 on the whole valid_seen / valid_unseen splits every 10
     "alfworld": dict(model="Qwen/Qwen2.5-1.5B-Instruct", memory="window", memory_k=2, n_groups=16, group_size=8,
                      env_workers=8, max_response_tokens=512, temperature=1.0, eval_temperature=0.4, iterations=150,
                      lr=1e-6, lr_min=1.0, weight_decay=0.01, kl_coef=0.01, entropy_coef=0.001, mini_batch=256,
