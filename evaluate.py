@@ -5,13 +5,12 @@ valid_unseen, whole splits in order); otherwise the held-out seeds 10**9 + [0, e
 played, the same every run. Each set is reported on its own, never averaged with another: ALFWorld's
 splits measure different things (in and out of distribution), and the paper reports them apart.
 """
-import importlib
 import random
 
 import numpy as np
 from tqdm import tqdm
 
-from envs import ENVS, GroupedEnvs, parse_env_args
+from envs import GroupedEnvs, env_module, parse_env_args
 from memory import make_memory
 from rollout import rollout
 
@@ -22,7 +21,7 @@ def eval_plan(cfg):
     """The eval sets {name: (env kwargs, seeds)}. An env module with eval_sets(n) names its own
     (ALFWorld: valid_seen and valid_unseen, whole splits in order; eval_episodes caps each;
     --eval_sets picks some); any other env: the held-out seeds 10**9 + [0, eval_episodes)."""
-    sets_fn = getattr(importlib.import_module(ENVS[cfg.env][0]), "eval_sets", None)
+    sets_fn = getattr(env_module(cfg.env), "eval_sets", None)   # the optional hook (envs/__init__.py)
     if sets_fn is None:
         if cfg.eval_sets:
             raise ValueError(f"--eval_sets {cfg.eval_sets}: {cfg.env} has no named eval sets (it plays held-out seeds)")

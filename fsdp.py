@@ -32,7 +32,7 @@ def attn_implementation(device):
     """flash-attn 2 where it is installed, else torch's own varlen flash kernel (torch >= 2.10), both
     on packed rows; else SDPA on left-padded rows. On CUDA, cuDNN's SDPA is turned off: with a
     padding mask it spent ~25 ms of CPU per call on an H200 while the GPU idled (measured with
-    `bench_update.py --profile 1`); SDPA's other kernels do not."""
+    `python -m bench.update --profile 1`); SDPA's other kernels do not."""
     if device.type != "cuda":
         return "sdpa"
     torch.backends.cuda.enable_cudnn_sdp(False)
@@ -143,7 +143,7 @@ def shard(model, device, grad_ckpt=False, reshard_after_forward=None):
     reshard_after_forward (None = only when the world has several ranks): free each gathered layer
     after its forward and gather it again for the backward. In a world of one rank there is nothing
     to save (its shard is the whole layer) and the second gather costs time: SmolLM2-135M's update
-    on an H200, 32768-token micro-batches, 93k -> 103k tokens/s without it (bench_update.py)."""
+    on an H200, 32768-token micro-batches, 93k -> 103k tokens/s without it (bench/update.py)."""
     if reshard_after_forward is None:
         reshard_after_forward = dist.is_initialized() and dist.get_world_size() > 1
     if grad_ckpt:

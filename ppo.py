@@ -89,8 +89,9 @@ def synced_micro_batches(samples, idx, cfg, pad_id, packed):
 
 
 @torch.no_grad()
-def score(model, samples, cfg, device, pad_id, packed):
-    """Per-sample log-probs of the responses under `model` -> list of (r_i,) CPU tensors."""
+def logprobs(model, samples, *, cfg, device, pad_id, packed):
+    """Per-sample log-probs of the responses under `model` -> list of (r_i,) CPU tensors (train.py:
+    the old log-probs of the update, and the KL reference's)."""
     out = [None] * len(samples)
     for mb in synced_micro_batches(samples, range(len(samples)), cfg, pad_id, packed):
         if mb is None:
@@ -102,12 +103,13 @@ def score(model, samples, cfg, device, pad_id, packed):
     return out
 
 
-def update(model, opt, sched, samples, old, ref, adv, cfg, device, pad_id, packed):
+def update(model, opt, sched, samples, *, old, ref, adv, cfg, device, pad_id, packed):
     """PPO-style clipped update over this rank's samples -> metrics. Token-mean over the GLOBAL
     mini-batch: each micro-batch loss is its token sum over the mini-batch's token count on all
     ranks (times the world size, since FSDP averages gradients over ranks), so the update does not
-    depend on how samples fell across ranks or micro-batches. old/ref: per-sample log-prob tensors;
-    adv: one float per sample."""
+    depend on how samples fell across ranks or micro-batches. old/ref: per-sample log-prob tensors
+    (logprobs(); ref None = no KL term); adv: one float per sample; pad_id: the tokenizer's pad
+    token; packed: one packed row per micro-batch (varlen attention) instead of padded rows."""
     world = dist.get_world_size() if dist_on() else 1
     stats = {k: torch.zeros((), device=device) for k in ("loss", "clip_frac", "kl_ref", "entropy", "tis_weight",
                                                           "tis_trunc_frac", "grad_norm")}

@@ -45,13 +45,14 @@ class Sample:
 class HFEngine:
     """transformers `generate` on the training model itself (shares its weights: no sync needed)."""
 
-    def __init__(self, model, tokenizer, own_copy=None):
-        """own_copy=dtype: generate from a private copy of the model (the trainer's is sharded);
-        sync_weights then copies the trainer's weights in. Else share the training module."""
-        self.model, self.tok, self.owns = model, tokenizer, own_copy is not None
+    def __init__(self, model, tokenizer, copy_dtype=None):
+        """copy_dtype=a torch dtype: generate from a private copy of the model in that dtype (the
+        trainer's is sharded); sync_weights then copies the trainer's weights in. None: share the
+        training module."""
+        self.model, self.tok, self.owns = model, tokenizer, copy_dtype is not None
         if self.owns:
             import copy
-            self.model = copy.deepcopy(model).to(own_copy).eval().requires_grad_(False)
+            self.model = copy.deepcopy(model).to(copy_dtype).eval().requires_grad_(False)
 
     def sleep(self):   # nothing to hand over: the update needs the weights this engine reads
         pass
@@ -188,7 +189,7 @@ def sync_weights(engine, named_tensors):
     once (train.full_parameters: gathered one parameter at a time under FSDP2); a tied lm_head may
     be absent. The only place that touches vLLM internals. A transformers engine that shares the
     training module needs nothing (the iterator is not even consumed); one with its own copy
-    (own_copy) gets the tensors copied in."""
+    (copy_dtype) gets the tensors copied in."""
     if isinstance(engine, HFEngine):
         if engine.owns:
             params = dict(engine.model.named_parameters())
@@ -209,27 +210,31 @@ def sync_weights(engine, named_tensors):
         engine.llm.reset_prefix_cache()
 
 
-def make_engine(kind, model, tokenizer, kv_cache_mb, gpu_memory_utilization, own_copy=None):
+ENGINES = ("auto", "hf", "vllm")   # --engine
+
+
+def make_engine(kind, model, tokenizer, *, kv_cache_mb, gpu_memory_utilization, copy_dtype=None):
     """--engine hf | vllm | auto. auto: vLLM where it imports and serves this model, else the
     transformers engine with a one-line warning that says why; vllm: the same failure is an error.
-    own_copy: see HFEngine (vLLM always holds its own copy)."""
+    copy_dtype: see HFEngine (vLLM always holds its own copy)."""
     if kind == "hf":
-        return HFEngine(model, tokenizer, own_copy)
+        return HFEngine(model, tokenizer, copy_dtype)
     try:
         return VLLMEngine(model, tokenizer.eos_token_id, kv_cache_mb, gpu_memory_utilization)
     except Exception as e:  # vLLM reports bad input as many exception types; we only need the text
         why = (str(e).strip().splitlines() or [type(e).__name__])[0].split(". ")[0]
         if "memory profiling" in why.lower():   # measured: several runs starting at once on one GPU
-            why = ("another process changed GPU memory while vLLM measured it at start-up; start runs that "
-                   "share a GPU one after another (bench.py --stagger)")
+            why = ("another process changed GPU memory while vLLM measured it at start-up; for runs that share "
+                   "a GPU, give each a fixed cache: --gpu_memory_utilization 0 --kv_cache_mb N")
         elif "memory" in why.lower():
-            why = f"KV cache too small: {why}; raise --kv_cache_mb (CPU, or GPU with --gpu_memory_utilization 0) or --gpu_memory_utilization (GPU)"
+            why = (f"KV cache too small: {why}; raise --kv_cache_mb (CPU, or GPU with --gpu_memory_utilization 0) "
+                   f"or --gpu_memory_utilization (GPU)")
         if isinstance(e, ImportError):
             why = f"vllm is not importable ({why})"
         if kind == "vllm":
             sys.exit(f"error: --engine vllm: {why} (--engine hf generates with transformers)")
         print(f"warning: --engine auto: {why}; using the transformers engine (--engine hf)")
-        return HFEngine(model, tokenizer, own_copy)
+        return HFEngine(model, tokenizer, copy_dtype)
 
 
 def render_prompts(tokenizer, messages):

@@ -47,9 +47,8 @@ def build_tokenizer(env_name):
     tok.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Punctuation("isolated"),
         pre_tokenizers.Digits(individual_digits=True)])
-    import importlib
-    from envs import ENVS   # an env with slow resets (ALFWorld) sets fewer corpus episodes; unseen words -> <unk>
-    episodes = getattr(importlib.import_module(ENVS[env_name][0]), "TINY_CORPUS_EPISODES", 200)
+    from envs import env_module   # an env with slow resets (ALFWorld) sets fewer corpus episodes; unseen words -> <unk>
+    episodes = getattr(env_module(env_name), "TINY_CORPUS_EPISODES", 200)   # the optional hook (envs/__init__.py)
     tok.train_from_iterator(corpus(env_name, episodes), trainers.WordLevelTrainer(special_tokens=SPECIALS))
     hf = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>",
                                  unk_token="<unk>")

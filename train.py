@@ -2,12 +2,23 @@
 
     python train.py                                  # the embedded default: tiny model, treasure game, CPU
     python train.py --algo grpo --seed 3             # any Config field below is a flag
-    python train.py --model Qwen/Qwen2.5-1.5B-Instruct --lr 1e-6 ...   # any HF causal LM
+    python train.py --env alfworld                   # the paper's ALFWorld setup (PRESETS below), one GPU
+    torchrun --nproc_per_node=8 train.py --env alfworld                           # 8 GPUs of one machine
+    torchrun --nnodes=2 --nproc_per_node=8 --node_rank=0 --rdzv_backend=c10d \\
+        --rdzv_endpoint=HOST0:29500 train.py --env alfworld                      # machine 0 of 2
 
-One iteration: collect (rollout.py) -> advantages (gigpo.py) -> PPO-style update (ppo.py; old log-probs
-recomputed by this model; token-mean loss; optional KL to a frozen reference) -> push weights to the
-engine -> log -> evaluation every `eval_every` (greedy on held-out seeds; an env's own sets, e.g.
-ALFWorld's splits at T=0.4, each reported apart) -> save.
+main() runs these numbered sections once per iteration:
+  1. collect      n_groups x group_size envs, the envs of a group from one seed; every env step is a
+                  sample: prompt ids, sampled response ids and their log-probs, reward (rollout.py)
+  2. advantages   one per sample: GiGPO, GRPO or RLOO (gigpo.py)
+  3. update       old log-probs recomputed by this model, then the PPO-style clipped step, token-mean
+                  loss, optional KL to a frozen reference (ppo.py); a non-finite update stops the run
+  4. push weights the new weights into the generation engine (rollout.sync_weights)
+  5. eval         every `eval_every` and at the end: greedy on held-out seeds, or an env's own sets
+                  (ALFWorld's splits at T=0.4), each reported apart (evaluate.py)
+  6. log          the metrics line (README, "Metrics"), then at an eval the checkpoint: ckpt/ and
+                  model/ never lead the log; wandb, the progress bar
+Below main: the helpers of its sections, then the command line (parse_args) and its checks.
 """
 import contextlib
 import copy
@@ -29,13 +40,13 @@ import gigpo
 import records
 from envs import ENVS, GroupedEnvs, make_env, parse_env_args
 from memory import MEMORIES, make_memory
-from ppo import score, update
+from ppo import logprobs, update
 from prompts import prompt_module
 from evaluate import HELD_OUT, eval_plan, eval_what, evaluate, headline, random_policy_success, success_text
 from fsdp import (PACKED_ATTN, add_lora, all_finite, all_reduce, attn_implementation, balance_tokens, check_resume,
                   checkpoint_path, dist_on, fail, finish_dist, first_line, full_parameters, load_checkpoint, save,
                   setup_dist, shard)
-from rollout import HFEngine, make_engine, rollout, sync_weights
+from rollout import ENGINES, HFEngine, make_engine, rollout, sync_weights
 
 
 @dataclass
@@ -56,16 +67,16 @@ class Config:
     temperature: float = 1.0       # rollout sampling temperature (paper: 1.0)
     top_p: float = 1.0             # rollout nucleus sampling
     max_response_tokens: int = 1   # tokens per step response: the tiny model says one word (paper: 512)
-    engine: str = "auto"           # auto (vllm where it imports and serves the model, else hf) | hf | vllm
+    engine: str = "auto"           # auto (vllm where it imports and serves the model, else hf) | hf | vllm (rollout.py)
     kv_cache_mb: int = 1024        # vLLM on CPU (or GPU with --gpu_memory_utilization 0): KV cache size, MiB
     gpu_memory_utilization: float = 0.3  # vLLM on GPU: share of GPU memory it takes (weights + KV cache);
                                    # 0 = a fixed --kv_cache_mb cache, no start-up profiling (runs sharing a GPU)
     # algorithm (gigpo.py)
-    algo: str = "gigpo"            # gigpo | grpo | rloo
+    algo: str = "gigpo"            # gigpo | grpo | rloo (gigpo.ALGOS)
     gamma: float = 0.95            # discount of step returns (paper: 0.95)
     omega: float = 1.0             # weight of the step-level advantage (paper: 1.0)
     penalty: float = 0.1           # invalid-action penalty lambda (paper: 0.1)
-    norm: str = "mean_norm"        # mean_norm (paper "w/o std") | mean_std_norm ("w/ std"; plateaus here, README)
+    norm: str = "mean_norm"        # mean_norm (paper "w/o std") | mean_std_norm ("w/ std"; plateaus here, LOG.md)
     stats: str = "step"            # episode-group statistics over step samples (reference) | traj (paper text)
     similarity: float = 0.0        # 0 = exact anchor match; else difflib ratio threshold for step groups
     # optimisation
@@ -92,7 +103,7 @@ class Config:
     train_seeds: int = 0           # 0 = fresh env seeds every iteration; N = cycle N fixed tasks (overfit check)
     threads: int = 2               # torch CPU threads
     device: str = "auto"           # auto | cpu | cuda
-    out_dir: str = "out"           # metrics.jsonl, ckpt.pt, model/ (HF format)
+    out_dir: str = "out"           # metrics.jsonl, episodes.jsonl, ckpt/ (to resume), model/ (HF format)
     wandb: bool = False            # log to Weights & Biases (rank 0): metrics, and a table of episodes at each eval
     log_groups: int = 1            # whole episodes to out_dir/episodes.jsonl: this many training groups per iteration,
                                    # 8x this many episodes per eval set (records.py); 0 = none
@@ -103,20 +114,340 @@ class Config:
     eval_sets: str = ""            # envs with named eval sets (alfworld): comma-separated names to run; "" = all
 
 
+# Per-env presets: `--env NAME` applies its Config values first, then the flags (which still override).
+PRESETS = {
+    # the paper's ALFWorld setup: Qwen2.5-1.5B-Instruct, 16 groups x 8 envs of one game each, window
+    # memory k = 2, 512 response tokens, constant lr 1e-6, KL 0.01, entropy 0.001, mean_std_norm, 150
+    # iterations; evaluation at T = 0.4 on the whole valid_seen / valid_unseen splits every 10
+    "alfworld": dict(model="Qwen/Qwen2.5-1.5B-Instruct", memory="window", memory_k=2, n_groups=16, group_size=8,
+                     env_workers=8, max_response_tokens=512, temperature=1.0, eval_temperature=0.4, iterations=150,
+                     lr=1e-6, lr_min=1.0, weight_decay=0.01, kl_coef=0.01, entropy_coef=0.001, mini_batch=256,
+                     norm="mean_std_norm", eval_every=10, eval_episodes=140, micro_batch_tokens=16384),
+}
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def main(argv=None):
+    """One run: set-up, then sections 1-6 of the module docstring for every iteration. Returns the
+    final eval success on rank 0 (None on the others)."""
+    cfg = parse_args(sys.argv[1:] if argv is None else argv)
+    check_config(cfg)
+    meta = check_resume(cfg) if cfg.resume else None
+    kept = kept_log(os.path.join(cfg.out_dir, "metrics.jsonl"), meta["iteration"]) if meta else []
+    rank, world, device = setup_dist(cfg)
+    if cfg.n_groups % world:
+        fail(f"--n_groups {cfg.n_groups} must divide over {world} ranks (each owns whole groups)")
+    print0 = print if rank == 0 else (lambda *a, **k: None)
+    torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed + rank)
+    random.seed(cfg.seed + rank)
+    prompt = prompt_module(cfg.env, chat=cfg.model != "tiny")   # a pretrained model gets instructions
+    local_groups = cfg.n_groups // world                  # this rank's groups: rank * local_groups + j
+    # the held-out seeds' envs (named eval sets, e.g. ALFWorld's splits, make their own in evaluate)
+    env_args = parse_env_args(cfg.env, cfg.env_args)
+    eval_envs = GroupedEnvs(cfg.env, cfg.eval_episodes, 1, workers=cfg.env_workers, **env_args) \
+        if rank == 0 and "held-out" in eval_plan(cfg) else None
+    if cfg.eval_only:
+        return evaluate_only(cfg, rank, device, eval_envs, prompt)
+    envs = GroupedEnvs(cfg.env, local_groups, cfg.group_size, workers=cfg.env_workers, **env_args)
+    print0(f"config: {json.dumps(dataclasses.asdict(cfg))}")
+    print0(batch_arithmetic(cfg, world, envs))
+    model, tok, ref, engine, gen_model, packed = build_policy(cfg, device, world, print0)
+    opt, sched = make_optimizer(cfg, model, device)
+    start = load_checkpoint(model, opt, sched, cfg, rank, meta) if meta else 0
+    if start:
+        sync_weights(engine, full_parameters(model))
+        print0(f"resumed from {checkpoint_path(cfg.out_dir)} at iteration {start}")
+    baseline = random_policy_success(cfg, eval_envs) if rank == 0 else None
+    print0(f"random policy on the eval episodes ({eval_what(cfg).split(',')[0]}): success "
+           f"{baseline and success_text(baseline)}")
+    log = open_metrics_log(cfg, kept, start) if rank == 0 else None
+    wandb = open_wandb(cfg) if cfg.wandb and rank == 0 else None
+    episode_log = records.EpisodeLog(cfg.out_dir, cfg.log_mb, start) if rank == 0 else None
+    shown = []   # this iteration's recorded training episodes: wandb's table at the next eval
+    t_run = time.perf_counter()
+    eval_success, eval_rates = None, {}   # the headline; every set (and task type) on its own
+    saved = start                          # the iteration ckpt/ and model/ hold
+    bar = tqdm(range(start + 1, cfg.iterations + 1), desc="train", dynamic_ncols=True, disable=rank != 0,
+               initial=start, total=cfg.iterations)
+    for it in bar:
+        timer = Timer()
+        # 1. collect: this rank's groups, each from its own seed; every env step is a sample
+        memories = [make_memory(cfg.memory, cfg.memory_k or None) for _ in range(envs.n)]
+        seeds = [train_seed(cfg.seed, it, g, cfg.n_groups, cfg.train_seeds)
+                 for g in range(rank * local_groups, (rank + 1) * local_groups)]
+        samples, episodes, timing = rollout(envs, engine, tok, prompt, memories, seeds, cfg.temperature,
+                                            cfg.top_p, cfg.max_response_tokens)
+        samples, episodes, n_dead = drop_dead_workers(samples, episodes)
+        # 2. advantages, and a few whole groups recorded with GiGPO's view of each step
+        adv, adv_stats = advantages(cfg, samples, it)
+        if rank == 0 and cfg.log_groups:
+            shown = record_groups(cfg, samples, adv, tok, it)
+        samples, adv = balance_tokens(samples, adv)     # ranks: even out the tokens each trains on
+        # 3. update: old (and reference) log-probs by the training model, then the clipped step
+        with timer("sync"):
+            engine.sleep()                              # vLLM on GPU: its memory goes to the update
+        with timer("update", device):
+            lp = dict(cfg=cfg, device=device, pad_id=tok.pad_token_id, packed=packed)
+            old, ref_lp = logprobs(model, samples, **lp), None
+            if cfg.kl_coef > 0:   # the frozen copy, or with LoRA the model itself with its adapters off
+                with model.disable_adapter() if cfg.lora_rank else contextlib.nullcontext():
+                    ref_lp = logprobs(model if ref is None else ref, samples, **lp)
+            upd = update(model, opt, sched, samples, old=old, ref=ref_lp, adv=adv, **lp)
+            stop_if_not_finite(model, upd, it, cfg, saved)
+        if rank == 0 and cfg.log_groups:   # written once the update is known finite, like everything else
+            episode_log.write(shown)
+        # 4. push weights into the engine (and reset its prefix cache)
+        with timer("sync"):
+            engine.wake()
+            sync_weights(engine, full_parameters(model))
+        # 5. eval, every eval_every and at the end (rank 0; a few episodes of each set recorded)
+        checkpoint = it % cfg.eval_every == 0 or it == cfg.iterations
+        if checkpoint and rank == 0:
+            eval_rates = evaluate(tok, cfg, eval_envs, prompt, engine, on_samples=lambda name, s: episode_log.write(
+                records.episodes(s, tok, it, name, max_episodes=8 * cfg.log_groups)))
+            eval_success = headline(eval_rates)
+            if wandb and shown:
+                wandb.log({"episodes": records.wandb_table(wandb, shown)}, step=it)
+        # 6. log: the metrics line first, then the checkpoint (ckpt/ and model/ never lead the log)
+        dt = timer.since_start()
+        summed = training_metrics(samples, episodes, n_dead, adv, old)   # all ranks
+        tokens = all_reduce(sum(len(s.prompt_ids) + len(s.response_ids) for s in samples))
+        m = {"iteration": it, **summed, "lr": sched.get_last_lr()[0], **adv_stats, **upd,
+             "time_gen": timing["gen"], "time_env": timing["env"], "time_rollout_other": timing["other"],
+             "time_update": timer["update"], "time_sync": timer["sync"], "time_iteration": dt,
+             "samples_per_s": summed["samples"] / dt, "update_tokens_per_s": tokens / timer["update"],
+             "eval_success": eval_success,   # named sets (ALFWorld): also eval_success/<set>[/<task type>]
+             **{f"eval_success/{k}": v for k, v in eval_rates.items() if k != "held-out"},
+             "wall": time.perf_counter() - t_run}
+        if cfg.peak_tflops:
+            m["mfu"] = mfu(cfg, model, tokens, timer["update"], world)
+        if rank == 0:
+            log.write(json.dumps(m) + "\n")
+            log.flush()
+        if checkpoint:
+            save(model, tok, opt, sched, cfg, it, rank, gen_model)
+            saved = it
+        if rank == 0:
+            show_progress(bar, m, it, wandb, line=it == start + 1 or it % cfg.eval_every == 0)
+    bar.close()
+    envs.close()
+    if rank == 0:
+        if eval_success is None:   # resumed at the end: nothing trained, still report
+            eval_rates = evaluate(tok, cfg, eval_envs, prompt, engine)
+        log.close()
+        eval_envs and eval_envs.close()
+        print(f"done in {time.perf_counter() - t_run:.0f}s; model saved to {cfg.out_dir}/model")
+        print(f"held-out success {success_text(eval_rates)} ({eval_what(cfg)}; random policy {success_text(baseline)})")
+    finish_dist(engine)
+    return headline(eval_rates) if rank == 0 else None
+
+
+# ---- the helpers of main's set-up and sections, in the order main calls them ----
+def evaluate_only(cfg, rank, device, eval_envs, prompt):
+    """--eval_only: load --model, evaluate it as a run would (rank 0), print the result -> the headline."""
+    model, tok = load_model(cfg, device)
+    engine = make_engine(cfg.engine, model, tok, kv_cache_mb=cfg.kv_cache_mb,
+                         gpu_memory_utilization=cfg.gpu_memory_utilization)
+    rates = evaluate(tok, cfg, eval_envs, prompt, engine) if rank == 0 else None
+    if rank == 0:
+        print(f"eval-only success {rates and success_text(rates)} ({eval_what(cfg)}; model {cfg.model})")
+    eval_envs and eval_envs.close()
+    finish_dist(engine)
+    return rates and headline(rates)
+
+
+def batch_arithmetic(cfg, world, envs):
+    """The batch arithmetic, printed once: episodes, step samples, optimizer steps, micro-batches."""
+    max_steps = getattr(envs.envs[0], "max_steps", None) if envs.workers == 0 else None
+    n_envs = cfg.n_groups * cfg.group_size
+    return (f"batch: {cfg.n_groups} groups x {cfg.group_size} envs = {n_envs} episodes/iteration on {world} "
+            f"rank(s); <= {max_steps or '?'} steps each -> <= {n_envs * (max_steps or 0) or '?'} step samples; "
+            f"{cfg.mini_batch} samples/optimizer step in micro-batches of <= {cfg.micro_batch_tokens} tokens; "
+            f"<= {cfg.max_response_tokens} response tokens/sample")
+
+
+def build_policy(cfg, device, world, print0):
+    """-> the model to train (with LoRA adapters under --lora_rank; sharded), its tokenizer, the
+    frozen KL reference (None without --kl_coef, or with LoRA: then the adapters are switched off),
+    the generation engine, the engine's own model copy where it has one (saved as model/), and
+    whether micro-batches are packed rows (varlen attention) rather than padded ones."""
+    model, tok = load_model(cfg, device)
+    packed = getattr(model.config, "_attn_implementation", "") in PACKED_ATTN
+    distributed = dist_on()
+    # sharded training weights: a transformers engine gets its own full copy (FSDP2 all-gathers on
+    # every forward, so generating from the sharded module would hang as soon as ranks play
+    # different numbers of steps)
+    copy_dtype = (torch.bfloat16 if device.type == "cuda" else torch.float32) if distributed else None
+    engine = make_engine(cfg.engine, model, tok, kv_cache_mb=cfg.kv_cache_mb,
+                         gpu_memory_utilization=cfg.gpu_memory_utilization, copy_dtype=copy_dtype)
+    gen_model = engine.model if isinstance(engine, HFEngine) and engine.owns else None
+    if cfg.lora_rank:   # after the engine is built from the plain model; the KL reference = adapters off
+        model = add_lora(model, cfg.lora_rank)
+    ref = copy.deepcopy(model).eval().requires_grad_(False) if cfg.kl_coef > 0 and not cfg.lora_rank else None
+    lora = f" ({sum(p.numel() for p in model.parameters() if p.requires_grad) / 1e6:.3f}M in LoRA adapters)" \
+        if cfg.lora_rank else ""
+    print0(f"model: {cfg.model}, {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters{lora}, "
+           f"vocab {len(tok)}, device {device}{f', FSDP2 over {world} rank(s)' if distributed else ''}")
+    model = shard(model, device, cfg.grad_ckpt)
+    ref = shard(ref, device) if ref is not None else None
+    return model, tok, ref, engine, gen_model, packed
+
+
+def make_optimizer(cfg, model, device):
+    """AdamW on the trainable weights; the lr follows a cosine from --lr to --lr x --lr_min over the run."""
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=cfg.weight_decay,
+                            fused=device.type == "cuda")
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda it: cfg.lr_min + (1 - cfg.lr_min) * 0.5 * (
+        1 + math.cos(math.pi * min(it, cfg.iterations) / cfg.iterations)))
+    return opt, sched
+
+
+def open_metrics_log(cfg, kept, start):
+    """out_dir/metrics.jsonl, open to append (rank 0). A fresh run starts it empty; a resumed one keeps
+    the lines of the iterations its checkpoint holds (`kept`, from kept_log) and drops the rest."""
+    os.makedirs(cfg.out_dir, exist_ok=True)
+    path = os.path.join(cfg.out_dir, "metrics.jsonl")
+    if start:
+        with open(path + ".tmp", "w") as f:
+            f.writelines(kept)
+        os.replace(path + ".tmp", path)   # a kill here keeps the old log whole
+    return open(path, "a" if start else "w")
+
+
+def open_wandb(cfg):
+    """--wandb 1 (rank 0): a Weights & Biases run with the config, its files under out_dir."""
+    import wandb
+    wandb.init(project="gigpo", config=dataclasses.asdict(cfg), dir=cfg.out_dir)
+    return wandb
+
+
+class Timer(dict):
+    """Seconds per phase of one iteration: `with timer("update", device):` adds the block's seconds to
+    timer["update"] (on CUDA once the device has finished the block's work); since_start() is the
+    whole iteration so far."""
+
+    def __init__(self):
+        super().__init__()
+        self.t0 = time.perf_counter()
+
+    @contextlib.contextmanager
+    def __call__(self, name, device=None):
+        t0 = time.perf_counter()
+        yield
+        if device is not None and device.type == "cuda":
+            torch.cuda.synchronize()
+        self[name] = self.get(name, 0.0) + time.perf_counter() - t0
+
+    def since_start(self):
+        return time.perf_counter() - self.t0
+
+
+def train_seed(seed, it, g, n_groups, train_seeds=0):
+    """The env seed of group g in iteration it: seed * 10**7 + it * n_groups + g (train_seeds = N:
+    + g % N, the same N tasks every iteration). A value that reaches HELD_OUT moves up by HELD_OUT,
+    past [HELD_OUT, 2 HELD_OUT), where the held-out seeds are: no --seed or --iterations trains on
+    them (--seed 100 did); below it (the default run: 32..8031) the seed is unchanged."""
+    raw = seed * 10**7 + (g % train_seeds if train_seeds else it * n_groups + g)
+    return raw + HELD_OUT if raw >= HELD_OUT else raw
+
+
+def drop_dead_workers(samples, episodes):
+    """A dead env worker cut some episodes short (envs/vector.py): their returns say nothing about the
+    policy, so they are neither trained on nor counted in success -> (samples, episodes, how many)."""
+    dead = {i for i, e in enumerate(episodes) if e.get("worker_died")}
+    return [s for s in samples if s.traj not in dead], [e for e in episodes if not e.get("worker_died")], len(dead)
+
+
+def advantages(cfg, samples, it):
+    """-> (one advantage per sample, gigpo.advantage_stats of the groups, for the log). NaN/inf rewards
+    stop the run here, in one line (the last checkpoint stays)."""
+    rewards, trajs, groups, anchors, valid = (
+        [getattr(s, f) for s in samples] for f in ("reward", "traj", "group", "anchor", "valid"))
+    try:
+        adv = gigpo.compute_advantages(
+            rewards, trajs, groups, anchors, valid, algo=cfg.algo, gamma=cfg.gamma, omega=cfg.omega,
+            penalty=cfg.penalty, norm=cfg.norm, stats=cfg.stats, similarity=cfg.similarity or None)
+    except ValueError as e:
+        sys.exit(f"error: iteration {it}: {e}")
+    # diagnostics only: compute_advantages keeps its intermediates private (a pure one-call API)
+    step_groups = gigpo.step_groups(anchors, groups, cfg.similarity or None)
+    scores = gigpo.episode_scores(rewards, trajs, valid, cfg.penalty)
+    return adv, gigpo.advantage_stats(scores, groups, step_groups)
+
+
+def record_groups(cfg, samples, adv, tok, it):
+    """The first --log_groups training groups as whole episodes, GiGPO's parts at every step
+    (records.py). Groups are independent: their parts need only their own samples."""
+    keep = set(sorted({s.group for s in samples})[:cfg.log_groups])
+    ks = [k for k, s in enumerate(samples) if s.group in keep]
+    sub = [samples[k] for k in ks]
+    return records.episodes(sub, tok, it, "train", adv[ks], records.advantage_parts(sub, cfg))
+
+
+def stop_if_not_finite(model, upd, it, cfg, saved):
+    """NaN/inf from any cause (a huge --lr, a bad input) stops the run here, before it reaches ckpt/ or
+    model/, with one line that says which iteration they still hold."""
+    finite = all_finite(p for p in model.parameters())
+    if not (finite and math.isfinite(upd["loss"]) and math.isfinite(upd["grad_norm"])):
+        fail(f"iteration {it}: non-finite update (loss {upd['loss']:.4g}, grad norm {upd['grad_norm']:.4g}, "
+             f"weights {'finite' if finite else 'not finite'}); stopped before saving it: "
+             + (f"{cfg.out_dir}/ckpt and model/ still hold iteration {saved}" if saved else
+                "this run has saved nothing yet") + " (a lower --lr may help)")
+
+
+def training_metrics(samples, episodes, n_dead, adv, old):
+    """The iteration's training numbers (README, "Metrics"). Summed over all ranks, then divided:
+    episodes won, their returns and lengths, episodes, step samples, valid ones, |rollout - training
+    log-prob| over response tokens (old: the training model's) and their count, episodes lost to dead
+    workers. The token means and adv_abs are this rank's."""
+    gap = torch.cat([(o - torch.tensor(s.logprobs)).abs() for o, s in zip(old, samples)])
+    sums = {"won": sum(e["won"] for e in episodes), "return": sum(e["return"] for e in episodes),
+            "length": sum(e["length"] for e in episodes), "episodes": len(episodes), "samples": len(samples),
+            "valid": sum(s.valid for s in samples), "gap": float(gap.sum()), "gap_tokens": len(gap),
+            "worker_died": n_dead}
+    tot = dict(zip(sums, all_reduce(torch.tensor(list(sums.values()), dtype=torch.float64)).tolist()))
+    return {"success": tot["won"] / tot["episodes"], "reward": tot["return"] / tot["episodes"],
+            "valid_ratio": tot["valid"] / tot["samples"], "episode_length": tot["length"] / tot["episodes"],
+            "samples": tot["samples"], "worker_died": tot["worker_died"],
+            "prompt_tokens": float(np.mean([len(s.prompt_ids) for s in samples])),
+            "response_tokens": float(np.mean([len(s.response_ids) for s in samples])),
+            "adv_abs": float(np.abs(adv).mean()), "logp_gap": tot["gap"] / tot["gap_tokens"]}
+
+
+def mfu(cfg, model, tokens, seconds, world):
+    """Model FLOPs utilisation of time_update: 2N FLOPs per token for the forward of the old log-probs
+    and 6N per token and epoch for the update's forward/backward, N parameters, over the peak of all ranks."""
+    n_params = sum(p.numel() for p in model.parameters())
+    return (2 + 6 * cfg.ppo_epochs) * n_params * tokens / seconds / (cfg.peak_tflops * 1e12 * world)
+
+
+def show_progress(bar, m, it, wandb, line):
+    """Rank 0: the metrics to wandb (when asked), the live numbers on the bar, and with `line` a
+    printed summary (the first iteration and every eval)."""
+    if wandb:
+        wandb.log({k: v for k, v in m.items() if isinstance(v, (int, float))}, step=it)
+    ev = m["eval_success"]
+    bar.set_postfix(success=f"{m['success']:.2f}", reward=f"{m['reward']:.2f}", valid=f"{m['valid_ratio']:.2f}",
+                    eval=ev if ev is None else f"{ev:.2f}", refresh=False)
+    if line:
+        tqdm.write(f"it {it}: {int(m['samples'])} samples, {m['samples_per_s']:.0f} samples/s | time gen "
+                   f"{m['time_gen']:.2f}s env {m['time_env']:.2f}s update {m['time_update']:.2f}s "
+                   f"other {m['time_rollout_other']:.2f}s | success {m['success']:.2f} valid "
+                   f"{m['valid_ratio']:.2f} eval {ev}")
+
+
+# ---- the command line and its checks ----
+
 def parse_args(argv):
     """--key value / --key=value for every Config field; anything else is an error. The chosen env's
-    TRAIN_DEFAULTS (e.g. the paper's setup in envs/alfworld.py) apply first, so flags still override."""
+    preset (PRESETS, e.g. the paper's ALFWorld setup) applies first, so flags still override."""
     cfg, fields = Config(), {f.name: f for f in dataclasses.fields(Config)}
     env = cfg.env
     for k, arg in enumerate(argv):
         if arg == "--env" and k + 1 < len(argv) or arg.startswith("--env="):
             env = arg[6:] if arg.startswith("--env=") else argv[k + 1]
-    if env in ENVS:
-        import importlib
-        try:
-            cfg = dataclasses.replace(cfg, **getattr(importlib.import_module(ENVS[env][0]), "TRAIN_DEFAULTS", {}))
-        except ModuleNotFoundError as e:
-            fail(f"--env {env} needs the package {e.name!r}: pip install -r requirements.txt")
+    cfg = dataclasses.replace(cfg, **PRESETS.get(env, {}))
     i = 0
     while i < len(argv):
         arg = argv[i]
@@ -142,15 +473,6 @@ def parse_args(argv):
     return cfg
 
 
-def train_seed(seed, it, g, n_groups, train_seeds=0):
-    """The env seed of group g in iteration it: seed * 10**7 + it * n_groups + g (train_seeds = N:
-    + g % N, the same N tasks every iteration). A value that reaches HELD_OUT moves up by HELD_OUT,
-    past [HELD_OUT, 2 HELD_OUT), where the held-out seeds are: no --seed or --iterations trains on
-    them (--seed 100 did); below it (the default run: 32..8031) the seed is unchanged."""
-    raw = seed * 10**7 + (g % train_seeds if train_seeds else it * n_groups + g)
-    return raw + HELD_OUT if raw >= HELD_OUT else raw
-
-
 def check_config(cfg):
     """Bad input -> one line that names the flag, before any heavy work (and before metrics.jsonl
     is touched): a value that would only fail later would do so after minutes, mid-run."""
@@ -159,24 +481,20 @@ def check_config(cfg):
         value = getattr(cfg, f.name)
         if isinstance(value, float) and not math.isfinite(value):
             bad(f"--{f.name} {value}: must be a finite number")
-    if cfg.env not in ENVS:
-        bad(f"unknown env {cfg.env!r}: use --env with one of {sorted(ENVS)}")
+    for flag, names in (("env", ENVS), ("memory", MEMORIES), ("algo", gigpo.ALGOS), ("norm", gigpo.NORMS),
+                        ("stats", gigpo.STATS), ("engine", ENGINES), ("device", DEVICES)):
+        if getattr(cfg, flag) not in names:
+            bad(f"unknown {flag} {getattr(cfg, flag)!r}: use --{flag} with one of {', '.join(names)}")
     try:
         env_args = parse_env_args(cfg.env, cfg.env_args)
         if env_args and cfg.env == "treasure":  # cheap to build: check the values too
             make_env(cfg.env, **env_args)
         if env_args and cfg.env == "sokoban":   # and generate one room (too many boxes for the room fail there)
             make_env(cfg.env, **env_args).reset(0)
+    except ModuleNotFoundError as e:   # the env's own package (alfworld) is not installed
+        bad(f"--env {cfg.env} needs the package {e.name!r}: pip install -r requirements.txt")
     except (ValueError, TypeError) as e:
         bad(str(e) if str(e).startswith("--env_args") else f"--env_args {cfg.env_args!r}: {e}")
-    if cfg.memory not in MEMORIES:
-        bad(f"unknown memory {cfg.memory!r}: use --memory with one of {sorted(MEMORIES)}")
-    if cfg.algo not in ("gigpo", "grpo", "rloo"):
-        bad(f"unknown algo {cfg.algo!r}: use --algo gigpo, grpo or rloo")
-    if cfg.norm not in ("mean_norm", "mean_std_norm"):
-        bad(f"unknown norm {cfg.norm!r}: use --norm mean_std_norm or mean_norm")
-    if cfg.stats not in ("step", "traj"):
-        bad(f"unknown stats {cfg.stats!r}: use --stats step or traj")
     if cfg.group_size < 2:
         bad(f"--group_size {cfg.group_size}: {cfg.algo} compares the envs of a group, use >= 2")
     if cfg.n_groups < 1 or cfg.iterations < 1 or cfg.max_response_tokens < 1:
@@ -218,8 +536,6 @@ def check_config(cfg):
         bad(f"--tis_cap {cfg.tis_cap} must be a finite number >= 0 (0 = off; a typical cap is 2)")
     if not 0 <= cfg.similarity <= 1:
         bad(f"--similarity {cfg.similarity} must be in [0, 1] (0 = exact anchor match)")
-    if cfg.engine not in ("auto", "hf", "vllm"):
-        bad(f"unknown engine {cfg.engine!r}: use --engine auto, hf or vllm")
     if cfg.log_groups < 0 or cfg.log_mb < 1:
         bad(f"--log_groups {cfg.log_groups} must be >= 0 and --log_mb {cfg.log_mb} >= 1")
     if cfg.kv_cache_mb < 1 or not 0 <= cfg.gpu_memory_utilization < 1:
@@ -285,218 +601,6 @@ def load_model(cfg, device):
         if tok.pad_token_id is None:
             tok.pad_token = tok.eos_token
     return model.to(device), tok
-
-
-def main(argv=None):
-    cfg = parse_args(sys.argv[1:] if argv is None else argv)
-    check_config(cfg)
-    meta = check_resume(cfg) if cfg.resume else None
-    log_path = os.path.join(cfg.out_dir, "metrics.jsonl")
-    kept = kept_log(log_path, meta["iteration"]) if meta else []
-    rank, world, device = setup_dist(cfg)
-    if cfg.n_groups % world:
-        fail(f"--n_groups {cfg.n_groups} must divide over {world} ranks (each owns whole groups)")
-    print0 = print if rank == 0 else (lambda *a, **k: None)
-    torch.set_num_threads(cfg.threads)
-    torch.manual_seed(cfg.seed + rank)
-    random.seed(cfg.seed + rank)
-    prompt = prompt_module(cfg.env, chat=cfg.model != "tiny")   # a pretrained model gets instructions
-    local_groups = cfg.n_groups // world                  # this rank's groups: rank * local_groups + j
-    # the held-out seeds' envs (named eval sets, e.g. ALFWorld's splits, make their own in evaluate)
-    env_args = parse_env_args(cfg.env, cfg.env_args)
-    eval_envs = GroupedEnvs(cfg.env, cfg.eval_episodes, 1, workers=cfg.env_workers, **env_args) \
-        if rank == 0 and "held-out" in eval_plan(cfg) else None
-    if cfg.eval_only:
-        model, tok = load_model(cfg, device)
-        engine = make_engine(cfg.engine, model, tok, cfg.kv_cache_mb, cfg.gpu_memory_utilization)
-        rates = evaluate(tok, cfg, eval_envs, prompt, engine) if rank == 0 else None
-        print0(f"eval-only success {rates and success_text(rates)} ({eval_what(cfg)}; model {cfg.model})")
-        eval_envs and eval_envs.close()
-        finish_dist(engine)
-        return rates and headline(rates)
-    envs = GroupedEnvs(cfg.env, local_groups, cfg.group_size, workers=cfg.env_workers, **env_args)
-    max_steps = getattr(envs.envs[0], "max_steps", None) if envs.workers == 0 else None
-
-    # the batch arithmetic, printed once
-    n_envs = cfg.n_groups * cfg.group_size
-    print0(f"config: {json.dumps(dataclasses.asdict(cfg))}")
-    print0(f"batch: {cfg.n_groups} groups x {cfg.group_size} envs = {n_envs} episodes/iteration on {world} "
-           f"rank(s); <= {max_steps or '?'} steps each -> <= {n_envs * (max_steps or 0) or '?'} step samples; "
-           f"{cfg.mini_batch} samples/optimizer step in micro-batches of <= {cfg.micro_batch_tokens} tokens; "
-           f"<= {cfg.max_response_tokens} response tokens/sample")
-
-    model, tok = load_model(cfg, device)
-    packed = getattr(model.config, "_attn_implementation", "") in PACKED_ATTN
-    distributed = dist_on()
-    # sharded training weights: a transformers engine gets its own full copy (FSDP2 all-gathers on
-    # every forward, so generating from the sharded module would hang as soon as ranks play
-    # different numbers of steps)
-    own_copy = (torch.bfloat16 if device.type == "cuda" else torch.float32) if distributed else None
-    engine = make_engine(cfg.engine, model, tok, cfg.kv_cache_mb, cfg.gpu_memory_utilization, own_copy)
-    gen_model = engine.model if isinstance(engine, HFEngine) and engine.owns else None
-    if cfg.lora_rank:   # after the engine is built from the plain model; the KL reference = adapters off
-        model = add_lora(model, cfg.lora_rank)
-    ref = copy.deepcopy(model).eval().requires_grad_(False) if cfg.kl_coef > 0 and not cfg.lora_rank else None
-    lora = f" ({sum(p.numel() for p in model.parameters() if p.requires_grad) / 1e6:.3f}M in LoRA adapters)" \
-        if cfg.lora_rank else ""
-    print0(f"model: {cfg.model}, {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters{lora}, "
-           f"vocab {len(tok)}, device {device}{f', FSDP2 over {world} rank(s)' if distributed else ''}")
-    model = shard(model, device, cfg.grad_ckpt)
-    ref = shard(ref, device) if ref is not None else None
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=cfg.weight_decay,
-                            fused=device.type == "cuda")
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda it: cfg.lr_min + (1 - cfg.lr_min) * 0.5 * (
-        1 + math.cos(math.pi * min(it, cfg.iterations) / cfg.iterations)))
-    start = load_checkpoint(model, opt, sched, cfg, rank, meta) if meta else 0
-    if start:
-        sync_weights(engine, full_parameters(model))
-        print0(f"resumed from {checkpoint_path(cfg.out_dir)} at iteration {start}")
-    baseline = random_policy_success(cfg, eval_envs) if rank == 0 else None
-    print0(f"random policy on the eval episodes ({eval_what(cfg).split(',')[0]}): success "
-           f"{baseline and success_text(baseline)}")
-
-    os.makedirs(cfg.out_dir, exist_ok=True)
-    if rank == 0 and start:  # keep the log of the iterations the checkpoint holds, drop the rest
-        with open(log_path + ".tmp", "w") as f:
-            f.writelines(kept)
-        os.replace(log_path + ".tmp", log_path)   # a kill here keeps the old log whole
-    log = open(log_path, "a" if start else "w") if rank == 0 else None
-    wandb = None
-    if cfg.wandb and rank == 0:
-        import wandb
-        wandb.init(project="gigpo", config=dataclasses.asdict(cfg), dir=cfg.out_dir)
-    episode_log = records.EpisodeLog(cfg.out_dir, cfg.log_mb, start) if rank == 0 else None
-    shown = []   # this iteration's recorded training episodes: wandb's table at the next eval
-    n_params = sum(p.numel() for p in model.parameters())
-    t_run = time.perf_counter()
-    eval_success, eval_rates = None, {}   # the headline; every set (and task type) on its own
-    saved = start                          # the iteration ckpt/ and model/ hold
-    bar = tqdm(range(start + 1, cfg.iterations + 1), desc="train", dynamic_ncols=True, disable=rank != 0,
-               initial=start, total=cfg.iterations)
-    for it in bar:
-        t_it = time.perf_counter()
-        memories = [make_memory(cfg.memory, cfg.memory_k or None) for _ in range(envs.n)]
-        groups_here = range(rank * local_groups, (rank + 1) * local_groups)
-        seeds = [train_seed(cfg.seed, it, g, cfg.n_groups, cfg.train_seeds) for g in groups_here]
-        samples, episodes, timing = rollout(envs, engine, tok, prompt, memories, seeds, cfg.temperature,
-                                            cfg.top_p, cfg.max_response_tokens)
-        # a dead env worker cut these episodes short (envs/vector.py): their returns say nothing about
-        # the policy, so they are neither trained on nor counted in success
-        dead = {i for i, e in enumerate(episodes) if e.get("worker_died")}
-        samples = [s for s in samples if s.traj not in dead]
-        episodes = [e for e in episodes if not e.get("worker_died")]
-        rewards, trajs, groups, anchors, valid = (
-            [getattr(s, f) for s in samples] for f in ("reward", "traj", "group", "anchor", "valid"))
-        try:  # NaN/inf rewards fail here, loudly, in one line (the last checkpoint stays)
-            adv = gigpo.compute_advantages(
-                rewards, trajs, groups, anchors, valid, algo=cfg.algo, gamma=cfg.gamma, omega=cfg.omega,
-                penalty=cfg.penalty, norm=cfg.norm, stats=cfg.stats, similarity=cfg.similarity or None)
-        except ValueError as e:
-            sys.exit(f"error: iteration {it}: {e}")
-        # diagnostics only: compute_advantages keeps its intermediates private (a pure one-call API)
-        step_groups = gigpo.step_groups(anchors, groups, cfg.similarity or None)
-        scores = gigpo.episode_scores(rewards, trajs, valid, cfg.penalty)
-        adv_stats = gigpo.advantage_stats(scores, groups, step_groups)
-
-        if rank == 0 and cfg.log_groups:                # whole episodes, with GiGPO's view of each step
-            keep = set(sorted({s.group for s in samples})[:cfg.log_groups])
-            ks = [k for k, s in enumerate(samples) if s.group in keep]   # groups are independent: their
-            sub = [samples[k] for k in ks]                              # parts need only their own samples
-            shown = records.episodes(sub, tok, it, "train", adv[ks], records.advantage_parts(sub, cfg))
-        samples, adv = balance_tokens(samples, adv)     # ranks: even out the tokens each trains on
-        t0 = time.perf_counter()
-        engine.sleep()                                  # vLLM on GPU: its memory goes to the update
-        t_sleep = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        old = score(model, samples, cfg, device, tok.pad_token_id, packed)
-        ref_lp = None
-        if cfg.kl_coef > 0:   # the frozen copy, or with LoRA the model itself with its adapters off
-            with model.disable_adapter() if cfg.lora_rank else contextlib.nullcontext():
-                ref_lp = score(model if ref is None else ref, samples, cfg, device, tok.pad_token_id, packed)
-        gap = torch.cat([(o - torch.tensor(s.logprobs)).abs() for o, s in zip(old, samples)])
-        upd = update(model, opt, sched, samples, old, ref_lp, adv, cfg, device, tok.pad_token_id, packed)
-        # NaN/inf from any cause (a huge --lr, a bad input) stops here, before it reaches ckpt/ or model/
-        finite = all_finite(p for p in model.parameters())
-        if not (finite and math.isfinite(upd["loss"]) and math.isfinite(upd["grad_norm"])):
-            fail(f"iteration {it}: non-finite update (loss {upd['loss']:.4g}, grad norm {upd['grad_norm']:.4g}, "
-                 f"weights {'finite' if finite else 'not finite'}); stopped before saving it: "
-                 + (f"{cfg.out_dir}/ckpt and model/ still hold iteration {saved}" if saved else
-                    "this run has saved nothing yet") + " (a lower --lr may help)")
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        t_update = time.perf_counter() - t0
-        if rank == 0 and cfg.log_groups:   # written once the update is known finite, like everything else
-            episode_log.write(shown)
-        t0 = time.perf_counter()
-        engine.wake()
-        sync_weights(engine, full_parameters(model))
-        t_sync = time.perf_counter() - t0 + t_sleep
-
-        checkpoint = it % cfg.eval_every == 0 or it == cfg.iterations
-        if checkpoint and rank == 0:
-            eval_rates = evaluate(tok, cfg, eval_envs, prompt, engine, on_samples=lambda name, s: episode_log.write(
-                records.episodes(s, tok, it, name, max_episodes=8 * cfg.log_groups)))
-            eval_success = headline(eval_rates)
-            if wandb and shown:
-                wandb.log({"episodes": records.wandb_table(wandb, shown)}, step=it)
-        dt = time.perf_counter() - t_it
-        # global episode numbers (all ranks); timings and update stats are rank 0's
-        tot = all_reduce(torch.tensor([sum(e["won"] for e in episodes), sum(e["return"] for e in episodes),
-                                       sum(e["length"] for e in episodes), len(episodes), len(samples),
-                                       sum(s.valid for s in samples), float(gap.sum()), len(gap), len(dead)],
-                                      dtype=torch.float64)).tolist()
-        tokens = all_reduce(sum(len(s.prompt_ids) + len(s.response_ids) for s in samples))
-        m = {
-            "iteration": it, "success": tot[0] / tot[3], "reward": tot[1] / tot[3],
-            "valid_ratio": tot[5] / tot[4], "episode_length": tot[2] / tot[3], "samples": tot[4],
-            "worker_died": tot[8],
-            "prompt_tokens": np.mean([len(s.prompt_ids) for s in samples]),
-            "response_tokens": np.mean([len(s.response_ids) for s in samples]),
-            "adv_abs": float(np.abs(adv).mean()), "logp_gap": tot[6] / tot[7], "lr": sched.get_last_lr()[0],
-            **{k: v for k, v in adv_stats.items() if k != "step_group_size_hist"},
-            "step_group_size_hist": adv_stats.get("step_group_size_hist"),
-            **upd, "time_gen": timing["gen"], "time_env": timing["env"],
-            "time_rollout_other": timing["other"], "time_update": t_update, "time_sync": t_sync,
-            "time_iteration": dt, "samples_per_s": tot[4] / dt, "update_tokens_per_s": tokens / t_update,
-            "eval_success": eval_success,   # named sets (ALFWorld): also eval_success/<set>[/<task type>]
-            **{f"eval_success/{k}": v for k, v in eval_rates.items() if k != "held-out"},
-            "wall": time.perf_counter() - t_run,
-        }
-        if cfg.peak_tflops:  # forward (old log-probs) + forward/backward (update): 2N + 6N per token
-            m["mfu"] = (2 + 6 * cfg.ppo_epochs) * n_params * tokens / t_update / (cfg.peak_tflops * 1e12 * world)
-        if rank == 0:   # the line first, then the checkpoint: ckpt/ and model/ never lead the log
-            m = {k: (float(v) if isinstance(v, (np.floating, np.integer)) else v) for k, v in m.items()}
-            log.write(json.dumps(m) + "\n")
-            log.flush()
-        if checkpoint:
-            save(model, tok, opt, sched, cfg, it, rank, gen_model)
-            saved = it
-        if rank != 0:
-            continue
-        if wandb:
-            wandb.log({k: v for k, v in m.items() if isinstance(v, (int, float))}, step=it)
-        bar.set_postfix(success=f"{m['success']:.2f}", reward=f"{m['reward']:.2f}",
-                        valid=f"{m['valid_ratio']:.2f}", eval=eval_success if eval_success is None
-                        else f"{eval_success:.2f}", refresh=False)
-        if it == start + 1 or it % cfg.eval_every == 0:
-            tqdm.write(f"it {it}: {int(m['samples'])} samples, {m['samples_per_s']:.0f} samples/s | time gen "
-                       f"{timing['gen']:.2f}s env {timing['env']:.2f}s update {t_update:.2f}s "
-                       f"other {timing['other']:.2f}s | success {m['success']:.2f} valid "
-                       f"{m['valid_ratio']:.2f} eval {eval_success}")
-    bar.close()
-    envs.close()
-    if eval_success is None and rank == 0:  # resumed at the end: nothing trained, still report
-        eval_rates = evaluate(tok, cfg, eval_envs, prompt, engine)
-        eval_success = headline(eval_rates)
-    if rank != 0:
-        finish_dist(engine)
-        return None
-    log.close()
-    eval_envs and eval_envs.close()
-    print(f"done in {time.perf_counter() - t_run:.0f}s; model saved to {cfg.out_dir}/model")
-    print(f"held-out success {success_text(eval_rates)} ({eval_what(cfg)}; random policy {success_text(baseline)})")
-    finish_dist(engine)
-    return eval_success
 
 
 if __name__ == "__main__":

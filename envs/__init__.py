@@ -10,7 +10,19 @@ depends on the seed alone. Every env is registered with gymnasium as gigpo/<Clas
 the envs of a group start identical, and restarts a dead worker process without losing the batch.
 
 To add an env: write envs/<name>.py with such a class, prompts/<name>.py with build() and parse(),
-and add one line to ENVS below (README, "Adding an env").
+and add one line to ENVS below (README, "Course assignments").
+
+Optional hooks (an env without them gets the default; ALFWorld uses all three):
+  in envs/<name>.py, read through env_module(name):
+    eval_sets(n, names=None) -> {set name: (env kwargs, seeds)}   evaluate.py plays these named eval
+        sets instead of the held-out seeds (ALFWorld: valid_seen and valid_unseen); n caps each set
+        (--eval_episodes), names picks some (--eval_sets; an unknown name raises ValueError)
+    TINY_CORPUS_EPISODES = int   tiny.py trains the tiny model's tokenizer on this many random
+        episodes (default 200; fewer for an env with slow resets)
+  in train.py:
+    PRESETS[name] = dict(...)    Config values `--env name` applies before the flags (ALFWorld: the
+        paper's setup)
+An env instance may also carry `max_steps` (the batch arithmetic printed at start shows it).
 """
 import importlib
 
@@ -38,11 +50,15 @@ ENVS = {  # name -> (module, class, default kwargs)
 }
 
 
-def env_class(name):
+def env_module(name):
+    """The module of env `name`: where its optional hooks live (above)."""
     if name not in ENVS:
         raise ValueError(f"unknown env {name!r}: use --env with one of {sorted(ENVS)}")
-    module, cls, _ = ENVS[name]
-    return getattr(importlib.import_module(module), cls)
+    return importlib.import_module(ENVS[name][0])
+
+
+def env_class(name):
+    return getattr(env_module(name), ENVS[name][1])
 
 
 def parse_env_args(name, text):

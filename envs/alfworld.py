@@ -37,16 +37,8 @@ TASK_TYPES = {  # game folder prefix -> the short name used in the paper's table
     "pick_clean_then_place_in_recep": "clean", "pick_heat_then_place_in_recep": "heat",
     "pick_cool_then_place_in_recep": "cool", "pick_two_obj_and_place": "pick2"}
 
-# Config field -> value when `--env alfworld` is given: the paper's / reference's setup
-# (the paper's ALFWorld setup); any flag still overrides.
-TRAIN_DEFAULTS = {
-    "model": "Qwen/Qwen2.5-1.5B-Instruct", "memory": "window", "memory_k": 2,
-    "n_groups": 16, "group_size": 8, "env_workers": 8, "max_response_tokens": 512,
-    "temperature": 1.0, "eval_temperature": 0.4, "iterations": 150, "lr": 1e-6, "lr_min": 1.0,
-    "weight_decay": 0.01, "kl_coef": 0.01, "entropy_coef": 0.001, "mini_batch": 256,
-    "norm": "mean_std_norm", "eval_every": 10, "eval_episodes": 140, "micro_batch_tokens": 16384}
+# The paper's training setup for `--env alfworld` is train.py's PRESETS["alfworld"].
 TINY_CORPUS_EPISODES = 3   # `--model tiny` trains its word-level tokenizer on this many random episodes (~1 min)
-
 
 
 def eval_sets(n=None, data_dir=None, names=None):

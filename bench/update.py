@@ -1,13 +1,13 @@
 """Update throughput of train.py's own FSDP2 update on GPU: tokens/s, MFU, peak memory, weight gather.
 
-    torchrun --nproc_per_node=1 bench_update.py --shape 1.5b --peak_tflops 790     # one H200
+    torchrun --nproc_per_node=1 -m bench.update --shape 1.5b --peak_tflops 790     # one H200
     ... --samples 64 --gather 0 --profile 1 [--attn sdpa [--cudnn_sdp 1]]        # where the time goes
-    torchrun --nproc_per_node=8 bench_update.py --shape 7b --grad_ckpt 1             # one node
-    python bench_update.py --shape tiny --samples 16 --prompt 64 --response 16       # CPU smoke test
+    torchrun --nproc_per_node=8 -m bench.update --shape 7b --grad_ckpt 1             # one node
+    python -m bench.update --shape tiny --samples 16 --prompt 64 --response 16       # CPU smoke test
 
 A Qwen2.5-shaped model (random init from its config: no hub here) and step samples shaped like
 the paper's ALFWorld batch (prompts up to --prompt tokens, responses up to --response) go through
-ppo.score (old log-probs, forward) and ppo.update (clipped-surrogate forward/backward + AdamW),
+ppo.logprobs (old log-probs, forward) and ppo.update (clipped-surrogate forward/backward + AdamW),
 the functions train.py runs. Each rank gets --samples / world samples.
 
 FLOPs counted (useful work only; padding is not counted): per token 2 x (non-embedding params) for
@@ -78,8 +78,9 @@ def run(args, rank, world, device, log):
     log(f"model {args.shape}: {n_params / 1e9:.2f}B parameters, world {world}, device {device}, attention {attn}")
     cfg = train.Config(micro_batch_tokens=args.micro_batch_tokens, mini_batch=args.samples, grad_ckpt=args.grad_ckpt,
                        lr=1e-6, dual_clip=3.0)
-    engine = HFEngine(model, None, own_copy=torch.bfloat16) if args.gather else None
-    model = fsdp.shard(model, device, cfg.grad_ckpt, reshard_after_forward=None if args.reshard_after_forward < 0 else bool(args.reshard_after_forward))
+    engine = HFEngine(model, None, copy_dtype=torch.bfloat16) if args.gather else None
+    model = fsdp.shard(model, device, cfg.grad_ckpt,
+                       reshard_after_forward=None if args.reshard_after_forward < 0 else bool(args.reshard_after_forward))
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, fused=device.type == "cuda")
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda it: 1.0)
     samples = make_samples(args.samples // world, args.prompt, args.response, mcfg.vocab_size, seed=rank)
@@ -88,18 +89,19 @@ def run(args, rank, world, device, log):
 
     # warm-up on a few samples (kernels, allocator), then one measured score + update on all of them
     few = samples[:max(2, len(samples) // 16)]
-    old = ppo.score(model, few, cfg, device, 0, packed)
-    ppo.update(model, opt, sched, few, old, None, adv, cfg, device, 0, packed)
+    old = ppo.logprobs(model, few, cfg=cfg, device=device, pad_id=0, packed=packed)
+    ppo.update(model, opt, sched, few, old=old, ref=None, adv=adv, cfg=cfg, device=device, pad_id=0, packed=packed)
     if args.profile:
         profile(model, opt, sched, samples, cfg, device, log, packed)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     sync()
     t0 = time.perf_counter()
-    old = ppo.score(model, samples, cfg, device, 0, packed)
+    old = ppo.logprobs(model, samples, cfg=cfg, device=device, pad_id=0, packed=packed)
     sync()
     t1 = time.perf_counter()
-    stats = ppo.update(model, opt, sched, samples, old, None, adv, cfg, device, 0, packed)
+    stats = ppo.update(model, opt, sched, samples, old=old, ref=None, adv=adv, cfg=cfg, device=device, pad_id=0,
+                       packed=packed)
     sync()
     t2 = time.perf_counter()
     f_fwd, tokens = flops(mcfg, samples, backward=False)
@@ -132,10 +134,11 @@ def profile(model, opt, sched, samples, cfg, device, log, packed):
     from torch.profiler import ProfilerActivity, profile as prof
     mb = ppo.micro_batches(samples, range(len(samples)), cfg.micro_batch_tokens, packed)[0]
     few = [samples[i] for i in mb]
-    old = ppo.score(model, few, cfg, device, 0, packed)
+    old = ppo.logprobs(model, few, cfg=cfg, device=device, pad_id=0, packed=packed)
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with prof(activities=acts) as p:
-        ppo.update(model, opt, sched, few, old, None, [0.5] * len(few), cfg, device, 0, packed)
+        ppo.update(model, opt, sched, few, old=old, ref=None, adv=[0.5] * len(few), cfg=cfg, device=device, pad_id=0,
+                   packed=packed)
         if device.type == "cuda":
             torch.cuda.synchronize()
     key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"

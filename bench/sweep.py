@@ -1,7 +1,7 @@
 """Seed sweeps: run train.py for several named configs x seeds, in parallel processes, and print a
 markdown table (success, iterations and wall time to reach a bar, final held-out success).
 
-    python bench.py --seeds 0 1 2 3 4 --parallel 2 --run gigpo="--algo gigpo" --run grpo="--algo grpo"
+    python -m bench.sweep --seeds 0 1 2 3 4 --parallel 2 --run gigpo="--algo gigpo" --run grpo="--algo grpo"
 
 Each run gets `--threads` torch threads and its own out dir under --out; its metrics.jsonl is read
 back. Wall times are those of the machine and the parallelism the command ran with: compare
@@ -18,10 +18,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository
+
 
 def run_one(k, name, extra, seed, args):
     out = os.path.join(args.out, f"{name}-s{seed}")
-    cmd = [sys.executable, "train.py", "--seed", str(seed), "--threads", str(args.threads),
+    cmd = [sys.executable, os.path.join(ROOT, "train.py"), "--seed", str(seed), "--threads", str(args.threads),
            "--device", args.device, "--out_dir", out, *shlex.split(extra)]
     time.sleep(k % args.parallel * args.stagger if k < args.parallel else 0)
     t0 = time.time()
