@@ -9,13 +9,15 @@ import time
 import pytest
 import torch
 
+import fsdp
 import ppo
 import train
 from rollout import Sample
 from tiny import build_tiny
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29533"]
+# a free port per test session: two suites on one machine (two checkouts) must not collide
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={fsdp.free_port()}"]
 ENV = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 from dist_update import fixed_batch  # noqa: E402
