@@ -115,10 +115,13 @@ class VLLMEngine:
     batch and runs eager; graphs start in seconds where compiling takes about a minute).
     GPU memory: vLLM takes `gpu_memory_utilization` of the GPU, sized by a start-up profiling run
     that fails when other processes change their GPU memory meanwhile (runs sharing a GPU); with
-    gpu_memory_utilization 0 it takes a fixed `kv_cache_mb` cache instead and skips that profiling.
+    gpu_memory_utilization 0 it takes a fixed `kv_cache_mb` cache instead and skips that profiling,
+    and by default stays awake through the update (`sleep`): on falling asleep vLLM asserts that the
+    GPU's free memory went up, which other runs' allocations at that moment break (2 of 7 runs sharing
+    an H200 died of it).
     """
 
-    def __init__(self, model, eos_id, kv_cache_mb, gpu_memory_utilization):
+    def __init__(self, model, eos_id, kv_cache_mb, gpu_memory_utilization, sleep=None):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"   # in-process: weights pushed by reference
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # its warnings here are noise (no tokenizer)
         from vllm import LLM, SamplingParams
@@ -127,6 +130,7 @@ class VLLMEngine:
         model.config.save_pretrained(folder)
         cpu = next(model.parameters()).device.type == "cpu"
         self.gpu = not cpu
+        self.sleeps = self.gpu and (bool(gpu_memory_utilization) if sleep is None else sleep)
         # vLLM seeds torch/random/numpy globally and makes torch.set_num_threads a no-op when it
         # starts in-process: keep the trainer's RNG streams and thread count (--threads) as they were
         rng, threads, set_threads = (torch.get_rng_state(), random.getstate(), np.random.get_state()), \
@@ -153,11 +157,11 @@ class VLLMEngine:
     def sleep(self):
         """GPU: hand the engine's memory to the update (vLLM sleep level 1: KV cache freed, weights
         moved to CPU memory); wake() takes it back before the next sync_weights. CPU: nothing to free."""
-        if self.gpu:
+        if self.sleeps:
             self.llm.sleep(level=1)
 
     def wake(self):
-        if self.gpu:
+        if self.sleeps:
             self.llm.wake_up()
 
     @contextlib.contextmanager

@@ -47,7 +47,7 @@ def setup(tmp_path_factory):
     model.save_pretrained(folder)
     tok.save_pretrained(folder)
     model = model.to("cuda", torch.bfloat16).eval()
-    engine = VLLMEngine(model, tok.eos_token_id, KV_MB, gpu_memory_utilization=0)
+    engine = VLLMEngine(model, tok.eos_token_id, KV_MB, gpu_memory_utilization=0, sleep=True)
     return model, tok, engine, folder
 
 
