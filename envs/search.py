@@ -1,0 +1,244 @@
+"""Search-R1: answer a question with a search tool, offline (the protocol of Search-R1, Jin et al.
+2025, "Search-R1: Training LLMs to Reason and Leverage Search Engines with RL", repository
+PeterGriffinJin/Search-R1; verl-agent's search env plays the same game).
+
+    obs:    first "Question: <question>"; after a search the top-k passages, as Search-R1 shows them:
+            "<information>Doc 1(Title: "T") text\\nDoc 2(Title: ...) ...</information>"; after an
+            unreadable action, a line that says how to search or answer
+    action: the first complete "<search>query</search>" or "<answer>text</answer>" in the text
+            (Search-R1's rule); anything else is invalid: a no-op turn
+    reward: 1.0 when the answer equals a golden answer after normalisation (lowercase, no
+            punctuation, no articles a/an/the, spaces collapsed: Search-R1's exact match), else 0;
+            the episode ends at the answer; truncated after max_steps turns (4) without one
+    admissible_actions: suggestions only, for the random baseline and the tiny model's vocabulary
+            (any query or answer is accepted): search the question as written, or answer with the
+            title of a passage just shown
+
+Data (`--env_args data_dir=DIR` or $SEARCH_DATA):
+    corpus.jsonl           {"id": "0", "contents": "\\"Title\\"\\ntext"} per line (Search-R1's wiki-18.jsonl)
+    train.jsonl, test.jsonl  {"question": ..., "golden_answers": [...]} per line (the FlashRAG QA files
+                           Search-R1 preprocesses); .parquet works too where pandas is installed
+`--env_args retriever_url=http://HOST:PORT/retrieve` asks a server that speaks Search-R1's
+retrieval protocol (POST {"queries", "topk", "return_scores"} -> {"result": [[{"document": {"id",
+"contents"}, "score"}, ...]]}) instead of the in-process BM25 over corpus.jsonl.
+Questions: reset(seed) plays train question seed % N; the eval set "test" plays the test questions
+in order. `python -m envs.search --make_demo DIR` writes a small multi-hop demo set in these formats.
+"""
+import json
+import os
+import random
+import re
+import string
+import urllib.request
+from functools import lru_cache
+
+import gymnasium
+
+from envs import TextSpace
+
+INVALID = ("Your previous action is invalid. To search, put the query between <search> and </search>; "
+           "to give the final answer, put it between <answer> and </answer>. Try again.")
+PUNCTUATION = set(string.punctuation)
+ACTION = re.compile(r"<(search|answer)>(.*?)</\1>", re.DOTALL)
+TRAIN_DEFAULTS = {"memory": "window", "memory_k": 2, "max_response_tokens": 512}   # as the ALFWorld setup
+TINY_CORPUS_EPISODES = 100
+
+
+def normalize_answer(text):
+    """Search-R1's (and SQuAD's) answer normalisation."""
+    text = "".join(ch for ch in text.lower() if ch not in PUNCTUATION)
+    return " ".join(re.sub(r"\b(a|an|the)\b", " ", text).split())
+
+
+def exact_match(prediction, golden_answers):
+    golden = [golden_answers] if isinstance(golden_answers, str) else golden_answers
+    return float(normalize_answer(prediction) in {normalize_answer(g) for g in golden})
+
+
+class BM25:
+    """In-process BM25 (the `bm25s` package, English stopwords) -> [(doc index, score)], best first;
+    only documents that share a term with the query (score > 0), as a Lucene search returns."""
+
+    def __init__(self, texts):
+        import bm25s
+        self.n, self.bm25s = len(texts), bm25s
+        self.index = bm25s.BM25()
+        self.index.index(bm25s.tokenize(texts, stopwords="en", show_progress=False), show_progress=False)
+
+    def search(self, query, k):
+        tokens = self.bm25s.tokenize([query], stopwords="en", show_progress=False, return_ids=False)
+        ids, scores = self.index.retrieve(tokens, k=min(k, self.n), show_progress=False)
+        return [(int(i), float(s)) for i, s in zip(ids[0], scores[0]) if s > 0]
+
+
+def data_root(data_dir=None):
+    root = data_dir or os.environ.get("SEARCH_DATA")
+    if not root or not os.path.isdir(root):
+        raise FileNotFoundError(
+            f"search: no data dir ({root or 'none given'}): give --env_args data_dir=DIR or set $SEARCH_DATA to a "
+            f"folder with Search-R1's corpus.jsonl and train/test QA files, or make the demo set: "
+            f"python -m envs.search --make_demo DIR")
+    return root
+
+
+@lru_cache(maxsize=4)
+def load_questions(root, split):
+    """-> [(question, [golden answers])] from <root>/<split>.jsonl, .json or .parquet."""
+    for ext in ("jsonl", "json", "parquet"):
+        path = os.path.join(root, f"{split}.{ext}")
+        if not os.path.exists(path):
+            continue
+        if ext == "parquet":
+            import pandas   # Search-R1's processed files: golden answers under reward_model.ground_truth.target
+            rows = pandas.read_parquet(path).to_dict("records")
+        else:
+            with open(path) as f:
+                rows = [json.loads(line) for line in f if line.strip()] if ext == "jsonl" else json.load(f)
+        out = [(r["question"], list(r["golden_answers"] if "golden_answers" in r
+                                    else r["reward_model"]["ground_truth"]["target"])) for r in rows]
+        if out:
+            return out
+    raise FileNotFoundError(f"search: no questions in {root}/{split}.jsonl (or .json, .parquet): the split needs "
+                            f"lines of {{\"question\", \"golden_answers\"}}; python -m envs.search --make_demo DIR")
+
+
+@lru_cache(maxsize=2)
+def load_corpus(root):
+    path = os.path.join(root, "corpus.jsonl")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"search: no {path} (Search-R1's {{\"id\", \"contents\"}} lines): add it, or give "
+                                f"--env_args retriever_url=http://HOST:PORT/retrieve")
+    with open(path) as f:
+        docs = [json.loads(line) for line in f if line.strip()]
+    return docs, BM25([d["contents"] for d in docs])
+
+
+def http_retrieve(url, query, k, timeout=30):
+    """One query to a Search-R1 retrieval server -> its documents ({"id", "contents"}), best first."""
+    body = json.dumps({"queries": [query], "topk": k, "return_scores": True}).encode()
+    request = urllib.request.Request(url, body, {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        hits = json.load(response)["result"][0]
+    return [h["document"] if "document" in h else h for h in hits]
+
+
+def passages(docs):
+    """Search-R1's layout: 'Doc i(Title: <first line>) <the rest>' per document."""
+    lines = []
+    for i, doc in enumerate(docs):
+        title, _, text = doc["contents"].partition("\n")
+        lines.append(f"Doc {i + 1}(Title: {title}) {text}")
+    return "\n".join(lines)
+
+
+class Search(gymnasium.Env):
+    def __init__(self, data_dir=None, split="train", retriever_url="", topk=3, max_steps=4):
+        if split not in ("train", "test") or type(topk) is not int or type(max_steps) is not int \
+                or topk < 1 or max_steps < 1:
+            raise ValueError(f"search: split must be train or test, topk and max_steps integers >= 1; got "
+                             f"split={split!r} topk={topk!r} max_steps={max_steps!r}")
+        self.root = data_root(data_dir)
+        self.questions = load_questions(self.root, split)
+        self.url, self.topk, self.max_steps = retriever_url, topk, max_steps
+        if not self.url:
+            load_corpus(self.root)   # fail now, not at the first search
+        self.observation_space, self.action_space = TextSpace(), TextSpace(["<answer>unknown</answer>"])
+
+    def retrieve(self, query):
+        if self.url:
+            return http_retrieve(self.url, query, self.topk)
+        docs, index = load_corpus(self.root)
+        return [docs[i] for i, _ in index.search(query, self.topk)]
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        seed = seed if seed is not None else int(self.np_random.integers(2**62))
+        self.question, self.golden = self.questions[seed % len(self.questions)]
+        self.steps, self.shown = 0, []
+        obs = f"Question: {self.question}"
+        return obs, self._info(False)
+
+    def step(self, action):
+        self.steps += 1
+        match = ACTION.search(action or "")
+        kind, text = (match.group(1), match.group(2).strip()) if match else (None, "")
+        if kind == "answer":
+            won = exact_match(text, self.golden) == 1.0
+            obs = f"Your answer: {text}"
+            return obs, float(won), True, False, self._info(won)
+        if kind == "search" and text:
+            self.shown = self.retrieve(text)
+            obs = f"<information>{passages(self.shown) or 'No results.'}</information>"
+        else:
+            obs = INVALID
+        return obs, 0.0, False, self.steps >= self.max_steps, self._info(False)
+
+    def _info(self, won):
+        titles = [d["contents"].partition("\n")[0].strip('"') for d in self.shown]
+        suggested = [f"<search>{self.question}</search>"] + [f"<answer>{t}</answer>" for t in titles]
+        # the state is the question and the passages on show: an invalid turn leaves the anchor as it was
+        return {"task": self.question, "admissible_actions": list(dict.fromkeys(suggested)), "won": won,
+                "anchor": f"{self.question}\n{passages(self.shown)}".strip()}
+
+
+def eval_sets(n=None, data_dir=None, names=None):
+    """One eval set, "test": the test questions in order (n caps the count)."""
+    if any(name != "test" for name in names or ()):
+        raise ValueError(f"--eval_sets {','.join(names)}: search has the eval set test")
+    size = len(load_questions(data_root(data_dir), "test"))
+    return {"test": ({"split": "test"}, list(range(min(size, n or size))))}
+
+
+SYLLABLES = ["ka", "lo", "mi", "ren", "so", "ta", "vu", "bel", "dor", "fen", "gal", "hor", "jin", "mar", "nol",
+             "pra", "quo", "ris", "tul", "zan", "ve", "ix", "ol", "um"]
+JOBS = ["engineer", "painter", "chemist", "sailor", "architect", "composer", "farmer", "surgeon"]
+
+
+def make_demo(out_dir, n_companies=60, seed=0, test_share=0.2):
+    """Write a small multi-hop set in Search-R1's formats: invented companies, their founders, the
+    founders' home cities and the cities' countries, one passage per entity, and 1-, 2- and 3-hop
+    questions about them ("Who founded X?", "In which city was the founder of X born?", "In which
+    country was the founder of X born?"). Deterministic in `seed`; -> out_dir."""
+    rng, names = random.Random(seed), set()
+
+    def name(parts):
+        while True:
+            word = "".join(rng.choice(SYLLABLES) for _ in range(parts)).capitalize()
+            if word not in names and len(word) > 3:
+                names.add(word)
+                return word
+    countries = [name(3) + "ia" for _ in range(8)]
+    cities = {name(2): rng.choice(countries) for _ in range(20)}
+    docs, questions = [], []
+    for country in countries:
+        docs.append((country, f"{country} is a country with {rng.randint(2, 90)} million people."))
+    for city, country in cities.items():
+        docs.append((city, f"{city} is a city in the country of {country}."))
+    for _ in range(n_companies):
+        company, person, city = name(3), f"{name(2)} {name(2)}", rng.choice(list(cities))
+        year = rng.randint(1900, 2020)
+        docs.append((company, f"{company} is a company founded by {person} in {year}."))
+        docs.append((person, f"{person} is a {rng.choice(JOBS)} born in the city of {city}."))
+        questions += [(f"Who founded {company}?", [person]),
+                      (f"In which city was the founder of {company} born?", [city]),
+                      (f"In which country was the founder of {company} born?", [cities[city]])]
+    rng.shuffle(docs)
+    rng.shuffle(questions)
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "corpus.jsonl"), "w") as f:
+        for i, (title, text) in enumerate(docs):
+            f.write(json.dumps({"id": str(i), "contents": f'"{title}"\n{text}'}) + "\n")
+    n_test = int(len(questions) * test_share)
+    for split, rows in (("test", questions[:n_test]), ("train", questions[n_test:])):
+        with open(os.path.join(out_dir, f"{split}.jsonl"), "w") as f:
+            for i, (q, answers) in enumerate(rows):
+                f.write(json.dumps({"id": f"{split}_{i}", "question": q, "golden_answers": answers}) + "\n")
+    return out_dir
+
+
+if __name__ == "__main__":
+    import sys
+    if len(sys.argv) != 3 or sys.argv[1] != "--make_demo":
+        sys.exit("usage: python -m envs.search --make_demo DIR")
+    make_demo(sys.argv[2])
+    print(f"wrote {sys.argv[2]}/corpus.jsonl, train.jsonl, test.jsonl; use --env search --env_args data_dir={sys.argv[2]}")
