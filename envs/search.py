@@ -181,11 +181,13 @@ class Search(gymnasium.Env):
                 "anchor": f"{self.question}\n{passages(self.shown)}".strip()}
 
 
-def eval_sets(n=None, data_dir=None, names=None):
-    """One eval set, "test": the test questions in order (n caps the count)."""
+def eval_sets(n=None, names=None, **env_args):
+    """One eval set, "test": the test split in order (n caps the count). Builds the env from
+    --env_args first: bad values or missing data fail here, in one line, before any work."""
     if any(name != "test" for name in names or ()):
         raise ValueError(f"--eval_sets {','.join(names)}: search has the eval set test")
-    size = len(load_questions(data_root(data_dir), "test"))
+    env = Search(**env_args)
+    size = len(load_questions(env.root, "test"))
     return {"test": ({"split": "test"}, list(range(min(size, n or size))))}
 
 
