@@ -41,7 +41,7 @@ from envs.search import BM25
 
 PER_PAGE, TOP_N = 10, 50
 TRAIN_DEFAULTS = {"memory": "window", "memory_k": 2, "max_response_tokens": 512}   # as the ALFWorld setup
-TINY_CORPUS_EPISODES = 50
+TINY_CORPUS_EPISODES = 20
 STOP = set("a an the and or of for to in on with by at from is are this that your you new set pack".split())
 
 
@@ -162,6 +162,8 @@ class WebShop(gymnasium.Env):
         self.root, self.small = data_root(data_dir), bool(small)
         self.products, self.asins, self.index, goals = load(self.root, self.small)
         self.goals, self.max_steps = split_goals(goals, split), max_steps
+        if not self.goals:
+            raise ValueError(f"webshop: the {split} split of {self.root} has no goals ({len(goals)} in all; test takes 1/5)")
         self.observation_space, self.action_space = TextSpace(), TextSpace(["click[back to search]"])
 
     def reset(self, seed=None, options=None):

@@ -3,7 +3,8 @@
 `build_chat` (pretrained chat models) follows the ALFWorld prompt's shape, as verl-agent does for
 WebShop: the instruction, the steps taken, the memory, the current page, the admissible actions
 (the search suggestion shown as `search[<your query>]`), then reasoning in <think> </think> and one
-action in <action> </action>; `parse_chat` is ALFWorld's strict parser (prompts/alfworld.py).
+action in <action> </action>. `parse_chat` is ALFWorld's strict parser, except that the action may
+hold < and > (`click[next >]`, `click[< prev]`); a tag inside it is still invalid.
 
 `build` is terse, for the tiny model trained from scratch: the memory and the page without its
 [SEP] marks. Its word-level tokenizer decodes `click[buy now]` as "click [ buy now ]" and an ASIN
@@ -11,7 +12,7 @@ digit by digit, so `parse` compares with all spaces removed; any "search [ words
 """
 import re
 
-from prompts.alfworld import FORMAT, parse as parse_chat  # noqa: F401  (<think> ... <action> ... </action>)
+from prompts.alfworld import FORMAT   # <think> ... </think> then <action> ... </action>
 
 
 def build(task, history_text, obs, admissible, step):
@@ -42,3 +43,19 @@ def parse(response_text, admissible):
     if search and any(a.startswith("search[") for a in admissible):
         return f"search[{' '.join(search.group(1).split())}]", True
     return "", False
+
+
+def parse_chat(response_text, admissible):
+    """-> (action, valid): lowercased, the text between the first <action> and the </action> after
+    it, one line, with a <think> ... </think> in the reply; anything else ("", False). Never raises."""
+    text = (response_text or "").lower()
+    start = text.find("<action>")
+    end = text.find("</action>", start + 1) if start != -1 else -1
+    if start == -1 or end == -1:
+        return "", False
+    action = text[start + len("<action>"):end].strip()
+    thought = text.find("<think>")
+    if not action or "\n" in action or re.search(r"</?(think|action)>", action) \
+            or thought == -1 or text.find("</think>", thought) == -1:
+        return "", False
+    return action, True
