@@ -22,11 +22,10 @@ Data (`--env_args data_dir=DIR` or $SEARCH_DATA):
 retrieval protocol (POST {"queries", "topk", "return_scores"} -> {"result": [[{"document": {"id",
 "contents"}, "score"}, ...]]}) instead of the in-process BM25 over corpus.jsonl.
 Questions: reset(seed) plays train question seed % N; the eval set "test" plays the test questions
-in order. `python -m envs.search --make_demo DIR` writes a small multi-hop demo set in these formats.
+in order. `python -m envs.demo search DIR` writes a small multi-hop demo set in these formats.
 """
 import json
 import os
-import random
 import re
 import string
 import urllib.request
@@ -77,7 +76,7 @@ def data_root(data_dir=None):
         raise FileNotFoundError(
             f"search: no data dir ({root or 'none given'}): give --env_args data_dir=DIR or set $SEARCH_DATA to a "
             f"folder with Search-R1's corpus.jsonl and train/test QA files, or make the demo set: "
-            f"python -m envs.search --make_demo DIR")
+            f"python -m envs.demo search DIR")
     return root
 
 
@@ -89,8 +88,12 @@ def load_questions(root, split):
         if not os.path.exists(path):
             continue
         if ext == "parquet":
-            import pandas   # Search-R1's processed files: golden answers under reward_model.ground_truth.target
-            rows = pandas.read_parquet(path).to_dict("records")
+            try:   # Search-R1's processed files (golden answers also under reward_model.ground_truth.target)
+                import pandas
+                rows = pandas.read_parquet(path).to_dict("records")
+            except ImportError as e:
+                raise ValueError(f"search: reading {path} needs pandas and pyarrow (pip install pandas pyarrow), "
+                                 f"or give the split as .jsonl") from e
         else:
             with open(path) as f:
                 rows = [json.loads(line) for line in f if line.strip()] if ext == "jsonl" else json.load(f)
@@ -99,7 +102,7 @@ def load_questions(root, split):
         if out:
             return out
     raise FileNotFoundError(f"search: no questions in {root}/{split}.jsonl (or .json, .parquet): the split needs "
-                            f"lines of {{\"question\", \"golden_answers\"}}; python -m envs.search --make_demo DIR")
+                            f"lines of {{\"question\", \"golden_answers\"}}; python -m envs.demo search DIR")
 
 
 @lru_cache(maxsize=2)
@@ -190,57 +193,3 @@ def eval_sets(n=None, names=None, **env_args):
     size = len(load_questions(env.root, "test"))
     return {"test": ({"split": "test"}, list(range(min(size, n or size))))}
 
-
-SYLLABLES = ["ka", "lo", "mi", "ren", "so", "ta", "vu", "bel", "dor", "fen", "gal", "hor", "jin", "mar", "nol",
-             "pra", "quo", "ris", "tul", "zan", "ve", "ix", "ol", "um"]
-JOBS = ["engineer", "painter", "chemist", "sailor", "architect", "composer", "farmer", "surgeon"]
-
-
-def make_demo(out_dir, n_companies=60, seed=0, test_share=0.2):
-    """Write a small multi-hop set in Search-R1's formats: invented companies, their founders, the
-    founders' home cities and the cities' countries, one passage per entity, and 1-, 2- and 3-hop
-    questions about them ("Who founded X?", "In which city was the founder of X born?", "In which
-    country was the founder of X born?"). Deterministic in `seed`; -> out_dir."""
-    rng, names = random.Random(seed), set()
-
-    def name(parts):
-        while True:
-            word = "".join(rng.choice(SYLLABLES) for _ in range(parts)).capitalize()
-            if word not in names and len(word) > 3:
-                names.add(word)
-                return word
-    countries = [name(3) + "ia" for _ in range(8)]
-    cities = {name(2): rng.choice(countries) for _ in range(20)}
-    docs, questions = [], []
-    for country in countries:
-        docs.append((country, f"{country} is a country with {rng.randint(2, 90)} million people."))
-    for city, country in cities.items():
-        docs.append((city, f"{city} is a city in the country of {country}."))
-    for _ in range(n_companies):
-        company, person, city = name(3), f"{name(2)} {name(2)}", rng.choice(list(cities))
-        year = rng.randint(1900, 2020)
-        docs.append((company, f"{company} is a company founded by {person} in {year}."))
-        docs.append((person, f"{person} is a {rng.choice(JOBS)} born in the city of {city}."))
-        questions += [(f"Who founded {company}?", [person]),
-                      (f"In which city was the founder of {company} born?", [city]),
-                      (f"In which country was the founder of {company} born?", [cities[city]])]
-    rng.shuffle(docs)
-    rng.shuffle(questions)
-    os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, "corpus.jsonl"), "w") as f:
-        for i, (title, text) in enumerate(docs):
-            f.write(json.dumps({"id": str(i), "contents": f'"{title}"\n{text}'}) + "\n")
-    n_test = int(len(questions) * test_share)
-    for split, rows in (("test", questions[:n_test]), ("train", questions[n_test:])):
-        with open(os.path.join(out_dir, f"{split}.jsonl"), "w") as f:
-            for i, (q, answers) in enumerate(rows):
-                f.write(json.dumps({"id": f"{split}_{i}", "question": q, "golden_answers": answers}) + "\n")
-    return out_dir
-
-
-if __name__ == "__main__":
-    import sys
-    if len(sys.argv) != 3 or sys.argv[1] != "--make_demo":
-        sys.exit("usage: python -m envs.search --make_demo DIR")
-    make_demo(sys.argv[2])
-    print(f"wrote {sys.argv[2]}/corpus.jsonl, train.jsonl, test.jsonl; use --env search --env_args data_dir={sys.argv[2]}")

@@ -26,7 +26,7 @@ Data (`--env_args data_dir=DIR` or $WEBSHOP_DATA), WebShop's own files (its setu
 `small=False` reads the full catalogue (items_shuffle.json, items_ins_v2.json) instead of the 1000.
 Goals: the human instructions, shuffled with seed 233 as WebShop does; the first min(500, 1/5) are
 the eval set "test", the rest train: reset(seed) plays train goal seed % N.
-`python -m envs.webshop --make_demo DIR` writes a small catalogue and instructions in these formats.
+`python -m envs.demo webshop DIR` writes a small catalogue and instructions in these formats.
 """
 import json
 import os
@@ -91,7 +91,7 @@ def data_root(data_dir=None):
         raise FileNotFoundError(
             f"webshop: no data dir ({root or 'none given'}): give --env_args data_dir=DIR or set $WEBSHOP_DATA to a "
             f"folder with WebShop's items_shuffle_1000.json, items_ins_v2_1000.json and items_human_ins.json "
-            f"(WebShop's setup.sh downloads them), or make the demo set: python -m envs.webshop --make_demo DIR")
+            f"(WebShop's setup.sh downloads them), or make the demo set: python -m envs.demo webshop DIR")
     return root
 
 
@@ -99,14 +99,15 @@ def _read(root, name):
     path = os.path.join(root, name)
     if not os.path.exists(path):
         raise FileNotFoundError(f"webshop: no {path}; WebShop's setup.sh downloads it, or make the demo set: "
-                                f"python -m envs.webshop --make_demo DIR")
+                                f"python -m envs.demo webshop DIR")
     with open(path) as f:
         return json.load(f)
 
 
 def _product(p, attributes):
     """One raw product -> the fields the pages and the reward use (as WebShop's engine.load_products)."""
-    prices = [float(re.sub(r"[^\d.]", "", x)) for x in (p.get("pricing") or "$100.0").split("$")[1:]][:2]
+    prices = [float(x) for x in (re.sub(r"[^\d.]", "", x) for x in (p.get("pricing") or "").split("$")[1:])
+              if x.strip(".")][:2] or [100.0]   # WebShop: a product without a price costs $100
     options = {name.lower(): [o["value"].strip().replace("/", " | ").lower() for o in values]
                for name, values in (p.get("customization_options") or {}).items() if values}
     bullets = p["small_description"] if isinstance(p["small_description"], list) else [p["small_description"]]
@@ -140,12 +141,14 @@ def load(root, small=True):
             above = [10.0 * i for i in range(1, 100) if 10.0 * i > p["price"]][:4]
             upper = max(random.Random(f"{asin}/{k}").sample(above, 2)) if len(above) >= 2 else 1e6
             limit = f", and price lower than {upper:.2f} dollars" if len(above) >= 2 else ""
-            goals.append({"asin": asin, "query": p["query"], "name": p["Title"], "product_category": p["product_category"],
-                          "instruction_text": ins["instruction"].strip(".") + limit, "price_upper": upper,
+            goals.append({"asin": asin, "query": p["query"], "name": p["Title"],
+                          "product_category": p["product_category"], "price_upper": upper,
+                          "instruction_text": ins["instruction"].strip(".") + limit,
                           "attributes": ins["instruction_attributes"], "goal_options": ins["instruction_options"]})
     random.Random(233).shuffle(goals)
     if not goals:
-        raise FileNotFoundError(f"webshop: no instruction in {root}/items_human_ins.json names a product of the catalogue")
+        raise FileNotFoundError(f"webshop: no instruction in {root}/items_human_ins.json is for a product of the "
+                                f"catalogue")
     return products, asins, index, goals
 
 
@@ -163,7 +166,8 @@ class WebShop(gymnasium.Env):
         self.products, self.asins, self.index, goals = load(self.root, self.small)
         self.goals, self.max_steps = split_goals(goals, split), max_steps
         if not self.goals:
-            raise ValueError(f"webshop: the {split} split of {self.root} has no goals ({len(goals)} in all; test takes 1/5)")
+            raise ValueError(f"webshop: the {split} split of {self.root} has no goals ({len(goals)} in all; "
+                             f"test takes 1/5)")
         self.observation_space, self.action_space = TextSpace(), TextSpace(["click[back to search]"])
 
     def reset(self, seed=None, options=None):
@@ -173,10 +177,14 @@ class WebShop(gymnasium.Env):
         self.page, self.steps, self.results, self.page_no, self.asin, self.chosen = "search", 0, [], 1, None, {}
         return self._obs(), self._info(False)
 
+    def shown(self):
+        """The results page's asins, and whether a next page follows."""
+        return self.results[(self.page_no - 1) * PER_PAGE:self.page_no * PER_PAGE], self.page_no * PER_PAGE < len(self.results)
+
     def clickables(self):
         if self.page == "results":
-            nav = ["back to search"] + ["< prev"] * (self.page_no > 1) + ["next >"] * (self.page_no * PER_PAGE < len(self.results))
-            return nav + [a.lower() for a in self.results[(self.page_no - 1) * PER_PAGE:self.page_no * PER_PAGE]]
+            shown, more = self.shown()
+            return ["back to search"] + ["< prev"] * (self.page_no > 1) + ["next >"] * more + [a.lower() for a in shown]
         if self.page == "item":
             values = [v for vs in self.products[self.asin]["options"].values() for v in vs]
             return ["back to search", "< prev", *dict.fromkeys(values), "description", "features", "buy now"]
@@ -219,9 +227,9 @@ class WebShop(gymnasium.Env):
         if self.page == "search":
             texts = ["WebShop", *texts, "Search"]
         elif self.page == "results":
-            shown = self.results[(self.page_no - 1) * PER_PAGE:self.page_no * PER_PAGE]
+            shown, more = self.shown()
             texts += ["Back to Search", f"Page {self.page_no} (Total results: {len(self.results)})"]
-            texts += ["< Prev"] * (self.page_no > 1) + ["Next >"] * (self.page_no * PER_PAGE < len(self.results))
+            texts += ["< Prev"] * (self.page_no > 1) + ["Next >"] * more
             for a in shown:
                 texts += [a, self.products[a]["Title"], self.products[a]["Price"]]
         else:
@@ -253,66 +261,3 @@ def eval_sets(n=None, names=None, **env_args):
     size = len(split_goals(load(env.root, env.small)[3], "test"))
     return {"test": ({"split": "test"}, list(range(min(size, n or size))))}
 
-
-TYPES = [  # noun, category, query, product category, attribute pool, options
-    ("t-shirt", "fashion", "men's t-shirts", "Clothing › Men › Shirts › T-Shirts",
-     ["machine wash", "short sleeve", "cotton spandex", "slim fit", "moisture wicking"],
-     {"color": ["black", "white", "navy blue", "heather grey"], "size": ["small", "medium", "large", "x-large"]}),
-    ("running shoes", "fashion", "men's running shoes", "Clothing › Men › Shoes › Athletic",
-     ["non slip", "rubber sole", "lace up", "arch support", "breathable mesh"],
-     {"color": ["black", "white", "charcoal"], "size": ["8", "9", "10", "11"]}),
-    ("coffee mug", "home", "coffee mugs", "Home & Kitchen › Dining › Mugs",
-     ["dishwasher safe", "microwave safe", "bpa free", "double wall"], {"size": ["11 oz", "15 oz", "20 oz"]}),
-    ("laptop backpack", "fashion", "laptop backpacks", "Luggage › Backpacks › Laptop Backpacks",
-     ["water resistant", "usb charging port", "anti theft", "padded straps"], {"color": ["black", "olive", "burgundy"]}),
-    ("desk lamp", "home", "led desk lamps", "Tools › Lighting › Lamps › Desk Lamps",
-     ["dimmable", "eye caring", "touch control", "adjustable arm"], {"color": ["black", "white", "silver"]}),
-    ("face moisturizer", "beauty", "face moisturizer", "Beauty › Skin Care › Face › Moisturizers",
-     ["fragrance free", "sensitive skin", "hyaluronic acid", "paraben free", "oil free"],
-     {"size": ["1.7 fl oz", "3.4 fl oz"]}),
-]
-BRANDS = ["Acmex", "Nordlys", "Kestrel", "Vantor", "Halden", "Solvik", "Marlow", "Tessin", "Quill", "Orbis", "Lumio", "Zephyr"]
-STYLES = ["classic", "premium", "everyday", "essential", "pro", "urban", "studio", "travel"]
-
-
-def make_demo(out_dir, per_type=12, seed=0):
-    """Write a small catalogue in WebShop's file formats: `per_type` products of each of 6 types
-    (distinct titles, 2-3 attributes, the type's options), one human-style instruction per product
-    (two of its attributes, one value per option). No product text contains an option value or
-    another product's attribute, so the reward's substring fallbacks never fire by accident."""
-    rng, products, attributes, human = random.Random(seed), [], {}, {}
-    for noun, category, query, path, pool, opts in TYPES:
-        titles = rng.sample([f"{b} {s} {noun}" for b in BRANDS for s in STYLES], per_type)
-        for title in titles:
-            asin = f"B{rng.randrange(16**9):09X}"
-            attrs = rng.sample(pool, rng.randint(2, 3))
-            price = round(rng.uniform(8, 60), 2)
-            pricing = f"${price}" if rng.random() < 0.8 else f"${price} - ${round(price * 1.2, 2)}"
-            products.append({
-                "asin": asin, "name": title.title(), "full_description": f"The {title} for daily use.",
-                "small_description": [f"{a.capitalize()}." for a in attrs], "pricing": pricing,
-                "customization_options": {k: [{"value": v, "image": None} for v in vs] for k, vs in opts.items()},
-                "category": category, "query": query, "product_category": path, "images": [""]})
-            attributes[asin] = {"attributes": attrs, "instruction": f"i need a {title}", "instruction_attributes": attrs}
-            wanted, picks = rng.sample(attrs, 2), [rng.choice(vs) for vs in opts.values()]
-            human[asin] = [{"asin": asin, "instruction": f"i need a {noun} that is {wanted[0]} and {wanted[1]}, "
-                            + ", ".join(f"{k} {v}" for k, v in zip(opts, picks)),
-                            "instruction_attributes": wanted, "instruction_options": picks}]
-    values = {v for *_, opts in TYPES for vs in opts.values() for v in vs}
-    for p in products:   # the guarantee the docstring gives
-        text = " ".join([p["name"], p["full_description"], *p["small_description"]]).lower()
-        assert not any(v in text for v in values), p["name"]
-    os.makedirs(out_dir, exist_ok=True)
-    for name, data in (("items_shuffle_1000.json", products), ("items_ins_v2_1000.json", attributes),
-                       ("items_human_ins.json", human)):
-        with open(os.path.join(out_dir, name), "w") as f:
-            json.dump(data, f, indent=1)
-    return out_dir
-
-
-if __name__ == "__main__":
-    import sys
-    if len(sys.argv) != 3 or sys.argv[1] != "--make_demo":
-        sys.exit("usage: python -m envs.webshop --make_demo DIR")
-    make_demo(sys.argv[2])
-    print(f"wrote WebShop's three files to {sys.argv[2]}; use --env webshop --env_args data_dir={sys.argv[2]}")

@@ -178,8 +178,8 @@ def test_every_env_is_a_checked_gymnasium_env(name, tmp_path):
             pytest.skip("ALFWorld games are not unpacked (README, ALFWorld)")
         kwargs = {"split": "valid_unseen"}
     if name in ("webshop", "search"):
-        import importlib
-        kwargs = {"data_dir": importlib.import_module(module).make_demo(str(tmp_path))}
+        from envs import demo
+        kwargs = {"data_dir": getattr(demo, name)(str(tmp_path))}
     env = gymnasium.make(f"gigpo/{cls}-v0", **kwargs).unwrapped
     assert isinstance(env, gymnasium.Env)
     check_env(env, skip_render_check=True)

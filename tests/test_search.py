@@ -11,7 +11,8 @@ import gymnasium
 import pytest
 from gymnasium.utils.env_checker import check_env
 
-from envs.search import INVALID, Search, eval_sets, exact_match, load_questions, make_demo, normalize_answer
+from envs import demo as demo_sets
+from envs.search import INVALID, Search, eval_sets, exact_match, load_questions, normalize_answer
 from prompts import prompt_module
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -19,7 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
-    return make_demo(str(tmp_path_factory.mktemp("search_demo")))
+    return demo_sets.search(str(tmp_path_factory.mktemp("search_demo")))
 
 
 @pytest.mark.parametrize("prediction, golden, em", [
@@ -109,7 +110,7 @@ def test_missing_data_is_one_line(tmp_path, monkeypatch, demo):
         with pytest.raises(FileNotFoundError) as e:
             Search(**kwargs)
         assert "--env_args data_dir=DIR" in str(e.value) and "$SEARCH_DATA" in str(e.value)
-        assert "--make_demo" in str(e.value) and "\n" not in str(e.value)
+        assert "python -m envs.demo search DIR" in str(e.value) and "\n" not in str(e.value)
     with pytest.raises(FileNotFoundError, match="test.jsonl"):
         Search(data_dir=str(tmp_path), split="test")
     for env_args, words in (("", "$SEARCH_DATA"), ("topk=0", "topk"), ("split=dev", "split")):
@@ -191,8 +192,8 @@ def test_train_one_iteration_with_the_tiny_model(demo, tmp_path):
     r = subprocess.run([sys.executable, "train.py", "--env", "search", "--model", "tiny", "--env_args",
                         f"data_dir={demo},max_steps=3", "--n_groups", "2", "--group_size", "2", "--iterations", "1",
                         "--eval_every", "1", "--eval_episodes", "4", "--max_response_tokens", "6", "--memory", "none",
-                        "--mini_batch", "16", "--out_dir", str(out)], cwd=ROOT, capture_output=True, text=True,
-                       timeout=300)
+                        "--mini_batch", "16", "--engine", "hf", "--out_dir", str(out)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert re.search(r"held-out success test \d\.\d{3} \(test 4 games", r.stdout.strip().splitlines()[-1]), r.stdout[-500:]
     row = json.loads(open(out / "metrics.jsonl").read().splitlines()[-1])

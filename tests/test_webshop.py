@@ -9,7 +9,8 @@ import gymnasium
 import pytest
 from gymnasium.utils.env_checker import check_env
 
-from envs.webshop import WebShop, eval_sets, load, make_demo, reward, type_reward
+from envs import demo as demo_sets
+from envs.webshop import WebShop, eval_sets, type_reward
 from prompts import prompt_module
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -17,7 +18,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
-    return make_demo(str(tmp_path_factory.mktemp("webshop_demo")))
+    return demo_sets.webshop(str(tmp_path_factory.mktemp("webshop_demo")))
 
 
 def expert(env):
@@ -185,8 +186,8 @@ def test_train_one_iteration_with_the_tiny_model(demo, tmp_path):
     r = subprocess.run([sys.executable, "train.py", "--env", "webshop", "--model", "tiny", "--env_args",
                         f"data_dir={demo},max_steps=4", "--n_groups", "2", "--group_size", "2", "--iterations", "1",
                         "--eval_every", "1", "--eval_episodes", "4", "--max_response_tokens", "8", "--memory", "none",
-                        "--mini_batch", "16", "--out_dir", str(out)], cwd=ROOT, capture_output=True, text=True,
-                       timeout=300)
+                        "--mini_batch", "16", "--engine", "hf", "--out_dir", str(out)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert re.search(r"held-out success test \d\.\d{3} \(test 4 games", r.stdout.strip().splitlines()[-1]), r.stdout[-500:]
     row = json.loads(open(out / "metrics.jsonl").read().splitlines()[-1])
