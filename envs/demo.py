@@ -6,7 +6,8 @@ demo (their real data cannot be fetched on these machines; README says where to 
     python -m envs.demo search DIR    Search-R1's corpus.jsonl ({"id", "contents"}) and train/test.jsonl
                                       ({"question", "golden_answers"}): 1-3 hop questions
 
-Then `--env webshop --env_args data_dir=DIR` (or `--env search`). Deterministic in `seed`.
+Then `--env webshop --env_args data_dir=DIR` (or `--env search`). Deterministic in `seed`. The
+command also prints two baselines on the set's test split: a random admissible action, and `rule`.
 """
 import json
 import os
@@ -120,9 +121,41 @@ def search(out_dir, n_companies=60, seed=0, test_share=0.2):
 
 
 
+def rule(info):
+    """The rule baseline: WebShop's (search the instruction, click the first result, buy now); for
+    Search, search the question and answer the first passage's title."""
+    actions = info["admissible_actions"]
+    if "click[buy now]" in actions:
+        return "click[buy now]"
+    items = [a for a in actions if a.startswith("click[") and a not in ("click[back to search]", "click[< prev]",
+                                                                        "click[next >]")]
+    return (items or [a for a in actions if a.startswith("<answer>")] or actions)[0]
+
+
+def baselines(name, data_dir, seed=0):
+    """-> {policy: (success, mean reward)} on the test split: a random admissible action, and `rule`."""
+    from envs import make_env
+    env, rng, out = make_env(name, data_dir=data_dir, split="test"), random.Random(seed), {}
+    for policy in ("random", "rule"):
+        wins, rewards = [], []
+        for s in range(len(getattr(env, "goals", None) or env.questions)):
+            obs, info = env.reset(s)
+            done = False
+            while not done:
+                action = rng.choice(info["admissible_actions"]) if policy == "random" else rule(info)
+                obs, r, term, trunc, info = env.step(action)
+                done = term or trunc
+            wins.append(info["won"])
+            rewards.append(r)
+        out[policy] = (sum(wins) / len(wins), sum(rewards) / len(rewards))
+    return out
+
+
 if __name__ == "__main__":
     import sys
     if len(sys.argv) != 3 or sys.argv[1] not in ("webshop", "search"):
         sys.exit("usage: python -m envs.demo webshop|search DIR")
     {"webshop": webshop, "search": search}[sys.argv[1]](sys.argv[2])
     print(f"wrote {sys.argv[2]}; use --env {sys.argv[1]} --env_args data_dir={sys.argv[2]}")
+    print("test split: " + ", ".join(f"{policy} policy success {success:.3f} mean reward {reward:.3f}"
+                                      for policy, (success, reward) in baselines(*sys.argv[1:]).items()))

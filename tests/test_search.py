@@ -64,6 +64,7 @@ def test_scripted_expert_wins_every_question(demo):
             assert (r, term, trunc, info["won"]) == (1.0, True, False, True), env.question
             assert env.steps <= env.max_steps
     assert len({q for q, _ in env.questions}) == len(env.questions) == 144
+    assert demo_sets.baselines("search", demo) == {"random": (0.0, 0.0), "rule": (0.0, 0.0)}   # seed 0: no suggested title was an answer
 
 
 def test_wrong_answer_junk_and_truncation(demo):

@@ -41,6 +41,9 @@ def test_scripted_expert_wins_every_goal(demo):
             assert (r, term, trunc, info["won"]) == (1.0, True, False, True), env.goal
             assert obs.endswith("[SEP] 1.000")
     assert len(env.goals) == 58 and len(WebShop(data_dir=demo, split="test").goals) == 14   # 72 goals: 1/5 test
+    base = demo_sets.baselines("webshop", demo)
+    assert base["rule"][0] == 0 and 0.5 < base["rule"][1] < 0.9   # buys a fitting item, never picks its options
+    assert base["random"][0] == 0 and base["random"][1] < base["rule"][1]
 
 
 def write_shop(folder):
