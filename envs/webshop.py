@@ -35,6 +35,7 @@ import re
 from functools import lru_cache
 
 import gymnasium
+from rapidfuzz import fuzz, utils
 
 from envs import TextSpace
 from envs.search import BM25
@@ -51,7 +52,6 @@ def title_words(text):
 
 def fuzzy(a, b):
     """thefuzz's token_set_ratio (WebShop's fuzzy match), through rapidfuzz with its default processing."""
-    from rapidfuzz import fuzz, utils
     return fuzz.token_set_ratio(a, b, processor=utils.default_process)
 
 
@@ -132,9 +132,9 @@ def load(root, small=True):
     asins = list(products)
     index = BM25([" ".join([q["Title"], *q["BulletPoints"], q["Description"], *sum(q["options"].values(), [])])
                   for q in products.values()])
-    goals = []
-    for asin, instructions in human.items():
-        for k, ins in enumerate(instructions if asin in products else []):
+    goals = []   # in catalogue order, as WebShop builds them: its shuffle (seed 233) then picks the same test goals
+    for asin in asins:
+        for k, ins in enumerate(human.get(asin, [])):
             if not ins.get("instruction_attributes"):
                 continue
             p = products[asin]
@@ -175,11 +175,13 @@ class WebShop(gymnasium.Env):
         seed = seed if seed is not None else int(self.np_random.integers(2**62))
         self.goal = self.goals[seed % len(self.goals)]
         self.page, self.steps, self.results, self.page_no, self.asin, self.chosen = "search", 0, [], 1, None, {}
-        return self._obs(), self._info(False)
+        obs = self._obs()
+        return obs, self._info(False, obs)
 
     def shown(self):
         """The results page's asins, and whether a next page follows."""
-        return self.results[(self.page_no - 1) * PER_PAGE:self.page_no * PER_PAGE], self.page_no * PER_PAGE < len(self.results)
+        end = self.page_no * PER_PAGE
+        return self.results[end - PER_PAGE:end], end < len(self.results)
 
     def clickables(self):
         if self.page == "results":
@@ -203,9 +205,10 @@ class WebShop(gymnasium.Env):
                 r = reward(p, self.goal, p["price"], self.chosen)
                 self.page = "done"
                 obs = f"Thank you for shopping with us! [SEP] Your score (min 0.0, max 1.0) [SEP] {r:.3f}"
-                return obs, r, True, False, self._info(r == 1.0)
+                return obs, r, True, False, self._info(r == 1.0, obs)
             self._click(arg)
-        return self._obs(), 0.0, False, self.steps >= self.max_steps, self._info(False)
+        obs = self._obs()
+        return obs, 0.0, False, self.steps >= self.max_steps, self._info(False, obs)
 
     def _click(self, arg):
         if arg == "back to search":
@@ -243,13 +246,13 @@ class WebShop(gymnasium.Env):
                 texts += [p["Description"]] if self.page == "description" else p["BulletPoints"]
         return " [SEP] ".join(texts)
 
-    def _info(self, won):
+    def _info(self, won, obs):
         actions = [f"click[{c}]" for c in self.clickables()]
         if self.page == "search":
             actions = [f"search[{self.goal['instruction_text']}]"]
-        chosen = " ".join(f"{k}: {v}" for k, v in sorted(self.chosen.items()))
+        chosen = " ".join(f"{k}: {v}" for k, v in sorted(self.chosen.items()))   # the page does not show them
         return {"task": self.goal["instruction_text"], "admissible_actions": actions, "won": won,
-                "anchor": f"{self._obs()} {chosen}".strip() if self.page != "done" else "done"}
+                "anchor": f"{obs} {chosen}".strip()}
 
 
 def eval_sets(n=None, names=None, **env_args):

@@ -163,7 +163,7 @@ def test_parsers_never_raise(chat, demo):
     env = WebShop(data_dir=demo)
     env.reset(0)
     env.step("search[lamp]")
-    admissible = env._info(False)["admissible_actions"]
+    admissible = env._info(False, "")["admissible_actions"]
     prompt, rng = prompt_module("webshop", chat=chat), random.Random(0)
     alphabet = ["click", "search", "[", "]", " ", "buy", "now", "next", ">", "<action>", "</action>", "<think>",
                 "</think>", "b", "0", "\n"]
