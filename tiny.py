@@ -51,7 +51,8 @@ def build_tokenizer(env_name, env_kwargs=None):
     import importlib
     from envs import ENVS   # an env with slow resets (ALFWorld) sets fewer corpus episodes; unseen words -> <unk>
     episodes = getattr(importlib.import_module(ENVS[env_name][0]), "TINY_CORPUS_EPISODES", 200)
-    tok.train_from_iterator(corpus(env_name, episodes, env_kwargs=env_kwargs), trainers.WordLevelTrainer(special_tokens=SPECIALS))
+    tok.train_from_iterator(corpus(env_name, episodes, env_kwargs=env_kwargs),
+                            trainers.WordLevelTrainer(special_tokens=SPECIALS))
     hf = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>",
                                  unk_token="<unk>")
     hf.chat_template = CHAT_TEMPLATE

@@ -80,6 +80,12 @@ def data_root(data_dir=None):
     return root
 
 
+def question(text):
+    """Search-R1's preprocessing: stripped, ending in a question mark."""
+    text = text.strip()
+    return text if text.endswith("?") else text + "?"
+
+
 @lru_cache(maxsize=4)
 def load_questions(root, split):
     """-> [(question, [golden answers])] from <root>/<split>.jsonl, .json or .parquet."""
@@ -97,8 +103,8 @@ def load_questions(root, split):
         else:
             with open(path) as f:
                 rows = [json.loads(line) for line in f if line.strip()] if ext == "jsonl" else json.load(f)
-        out = [(r["question"], list(r["golden_answers"] if "golden_answers" in r
-                                    else r["reward_model"]["ground_truth"]["target"])) for r in rows]
+        out = [(question(r["question"]), list(r["golden_answers"] if "golden_answers" in r
+                                              else r["reward_model"]["ground_truth"]["target"])) for r in rows]
         if out:
             return out
     raise FileNotFoundError(f"search: no questions in {root}/{split}.jsonl (or .json, .parquet): the split needs "
