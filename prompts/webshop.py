@@ -17,7 +17,7 @@ from prompts.alfworld import FORMAT   # <think> ... </think> then <action> ... <
 
 def build(task, history_text, obs, admissible, step):
     history = f"{history_text} " if history_text else ""
-    return [{"role": "user", "content": f"{history}{obs.replace(' [SEP] ', ' ')}"}]
+    return [{"role": "user", "content": f"{history}{obs}".replace(" [SEP] ", " ")}]
 
 
 def build_chat(task, history_text, obs, admissible, step):
