@@ -56,7 +56,8 @@ def write_shop(folder):
     shirt = {"color": ["Black", "White"], "size": ["Small", "Large"]}
     items = [product("BAAAAAAAAA", "Acmex Classic T-Shirt", "men's t-shirts", "Clothing › Men › Shirts", "$20.0",
                      ["Soft."], shirt),
-             product("BBBBBBBBBB", "Halden Urban T-Shirt", "t-shirts", "Clothing › Men › Tops", "$75.0", ["Soft."], shirt),
+             product("BBBBBBBBBB", "Halden Urban T-Shirt", "t-shirts", "Clothing › Men › Tops", "$75.0", ["Soft."],
+                     shirt),
              product("BCCCCCCCCC", "Quill Pro Coffee Mug", "coffee mugs", "Home › Mugs", "$12.0", ["Big."],
                      {"size": ["11 oz"]})]
     attrs = {"BAAAAAAAAA": {"attributes": ["machine wash", "slim fit"]},
@@ -195,3 +196,34 @@ def test_train_one_iteration_with_the_tiny_model(demo, tmp_path):
     assert re.search(r"held-out success test \d\.\d{3} \(test 4 games", r.stdout.strip().splitlines()[-1]), r.stdout[-500:]
     row = json.loads(open(out / "metrics.jsonl").read().splitlines()[-1])
     assert row["iteration"] == 1 and 4 <= row["samples"] <= 16 and row["episode_length"] <= 4
+
+
+def test_real_format_quirks(tmp_path):
+    """What WebShop's files hold besides the clean case: a price range, no price, a description as
+    one string, options None or with '/' in a value, an asin 'nan', a repeated asin, a product with
+    no attribute record (WebShop: DUMMY_ATTR), instructions without attributes (skipped)."""
+    def raw(asin, pricing, small, options):
+        return {"asin": asin, "name": f"Item {asin}", "full_description": None, "small_description": small,
+                "pricing": pricing, "customization_options": options, "category": "c", "query": " Q ",
+                "product_category": "A › B", "images": [""]}
+    items = [raw("B1", "$10.00 - $20.00", "One line.", {"Color": [{"value": "Black/Red ", "image": None}]}),
+             raw("B2", None, ["a", "b"], None), raw("nan", "$1", "x", None), raw("B1", "$5", "dup", None)]
+    human = {"B1": [{"instruction": "want b1.", "instruction_attributes": ["x"], "instruction_options": ["black | red"]},
+                    {"instruction": "no attributes", "instruction_attributes": [], "instruction_options": []}],
+             "B2": [{"instruction": "want b2", "instruction_attributes": ["y"], "instruction_options": []}],
+             "B9": [{"instruction": "not in the catalogue", "instruction_attributes": ["z"], "instruction_options": []}]}
+    for name, data in (("items_shuffle_1000.json", items), ("items_ins_v2_1000.json", {"B1": {"attributes": ["x"]}}),
+                       ("items_human_ins.json", human)):
+        (tmp_path / name).write_text(json.dumps(data))
+    env = WebShop(data_dir=str(tmp_path))
+    p1, p2 = env.products["B1"], env.products["B2"]
+    assert list(env.products) == ["B1", "B2"] and p1["BulletPoints"] == ["One line."]
+    assert p1["Price"] == "$10.0 to $20.0" and 10 <= p1["price"] <= 20 and p2["Price"] == "$100.0"
+    assert p1["options"] == {"color": ["black | red"]} and p2["options"] == {} and p1["query"] == "q"
+    assert p1["Attributes"] == ["x"] and p2["Attributes"] == ["DUMMY_ATTR"] and p1["Description"] == ""
+    assert sorted(g["asin"] for g in env.goals) == ["B1", "B2"]
+    env.reset([g["asin"] for g in env.goals].index("B1"))
+    assert env.goal["instruction_text"].startswith("want b1, and price lower than ")
+    for action in ("search[item]", "click[b1]", "click[black | red]"):
+        env.step(action)
+    assert env.step("click[buy now]")[1:3] == (1.0, True)
