@@ -28,6 +28,7 @@ import json
 import os
 import re
 import string
+import sys
 import urllib.request
 from functools import lru_cache
 
@@ -54,12 +55,27 @@ def exact_match(prediction, golden_answers):
     return float(normalize_answer(prediction) in {normalize_answer(g) for g in golden})
 
 
+def import_bm25s():
+    """bm25s imports numba when it is installed, and numba's llvmlite in sys.modules breaks vLLM's
+    CPU kernel registration (its scan of every module: "'_lib_fn_wrapper' object has no attribute
+    'get'"), so bm25s is imported with numba hidden: it then uses its numpy backend. A hack, for as
+    long as those two versions disagree; nothing changes where numba is already loaded."""
+    if "bm25s" not in sys.modules and "numba" not in sys.modules:
+        sys.modules["numba"] = None   # `import numba` now raises ImportError
+        try:
+            import bm25s  # noqa: F401
+        finally:
+            del sys.modules["numba"]
+    import bm25s
+    return bm25s
+
+
 class BM25:
     """In-process BM25 (the `bm25s` package, English stopwords) -> [(doc index, score)], best first;
     only documents that share a term with the query (score > 0), as a Lucene search returns."""
 
     def __init__(self, texts):
-        import bm25s
+        bm25s = import_bm25s()
         self.n, self.bm25s = len(texts), bm25s
         self.index = bm25s.BM25()
         self.index.index(bm25s.tokenize(texts, stopwords="en", show_progress=False), show_progress=False)

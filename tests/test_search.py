@@ -201,3 +201,13 @@ def test_train_one_iteration_with_the_tiny_model(demo, tmp_path):
     assert re.search(r"held-out success test \d\.\d{3} \(test 4 games", r.stdout.strip().splitlines()[-1]), r.stdout[-500:]
     row = json.loads(open(out / "metrics.jsonl").read().splitlines()[-1])
     assert row["iteration"] == 1 and 4 <= row["samples"] <= 12 and row["episode_length"] <= 3
+
+
+def test_bm25_keeps_numba_out_of_the_process():
+    """bm25s would import numba, whose llvmlite in sys.modules breaks vLLM's CPU start-up (a train.py
+    run on --env search or webshop with the vLLM engine failed so); envs.search.import_bm25s hides it."""
+    code = ("import sys; from envs.search import BM25; import envs.webshop; "
+            "assert BM25(['alpha beta', 'gamma']).search('alpha', 2)[0][0] == 0; "
+            "assert 'llvmlite' not in sys.modules and 'numba' not in sys.modules, 'numba loaded'")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
