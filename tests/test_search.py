@@ -6,6 +6,7 @@ import subprocess
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
 
 import gymnasium
 import pytest
@@ -102,7 +103,8 @@ def test_check_env_make_and_eval_sets(demo):
         eval_sets(3, data_dir=demo, topk=0)
     assert len(eval_sets(None, data_dir=demo)["test"][1]) == len(load_questions(demo, "test")) == 36
     test_env = Search(data_dir=demo, split="test")
-    assert test_env.reset(0)[0] == f"Question: {json.loads(open(os.path.join(demo, 'test.jsonl')).readline())['question']}"
+    first = json.loads(Path(demo, "test.jsonl").read_text().splitlines()[0])
+    assert test_env.reset(0)[0] == f"Question: {first['question']}"
 
 
 def test_missing_data_is_one_line(tmp_path, monkeypatch, demo):
@@ -154,7 +156,7 @@ def test_http_retriever_against_a_stub_server(tmp_path, demo):
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:   # QA files only, no corpus.jsonl: the server is the retriever
         for split in ("train", "test"):
-            (tmp_path / f"{split}.jsonl").write_text(open(os.path.join(demo, f"{split}.jsonl")).read())
+            (tmp_path / f"{split}.jsonl").write_text(Path(demo, f"{split}.jsonl").read_text())
         url = f"http://127.0.0.1:{server.server_port}/retrieve"
         env = Search(data_dir=str(tmp_path), retriever_url=url, topk=2)
         env.reset(0)
@@ -167,6 +169,7 @@ def test_http_retriever_against_a_stub_server(tmp_path, demo):
             Search(data_dir=str(tmp_path))   # no corpus and no server
     finally:
         server.shutdown()
+        server.server_close()
 
 
 @pytest.mark.parametrize("chat", [False, True])
@@ -195,11 +198,11 @@ def test_train_one_iteration_with_the_tiny_model(demo, tmp_path):
     r = subprocess.run([sys.executable, "train.py", "--env", "search", "--model", "tiny", "--env_args",
                         f"data_dir={demo},max_steps=3", "--n_groups", "2", "--group_size", "2", "--iterations", "1",
                         "--eval_every", "1", "--eval_episodes", "4", "--max_response_tokens", "6", "--memory", "none",
-                        "--mini_batch", "16", "--engine", "hf", "--out_dir", str(out)],
+                        "--mini_batch", "16", "--engine", "hf", "--threads", "1", "--out_dir", str(out)],
                        cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert re.search(r"held-out success test \d\.\d{3} \(test 4 games", r.stdout.strip().splitlines()[-1]), r.stdout[-500:]
-    row = json.loads(open(out / "metrics.jsonl").read().splitlines()[-1])
+    row = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
     assert row["iteration"] == 1 and 4 <= row["samples"] <= 12 and row["episode_length"] <= 3
 
 
