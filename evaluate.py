@@ -5,6 +5,7 @@ valid_unseen, whole splits in order); otherwise the held-out seeds 10**9 + [0, e
 played, the same every run. Each set is reported on its own, never averaged with another: ALFWorld's
 splits measure different things (in and out of distribution), and the paper reports them apart.
 """
+import inspect
 import random
 
 import numpy as np
@@ -20,13 +21,17 @@ HELD_OUT = 10**9   # held-out seeds: HELD_OUT + [0, eval_episodes); training see
 def eval_plan(cfg):
     """The eval sets {name: (env kwargs, seeds)}. An env module with eval_sets(n) names its own
     (ALFWorld: valid_seen and valid_unseen, whole splits in order; eval_episodes caps each;
-    --eval_sets picks some); any other env: the held-out seeds 10**9 + [0, eval_episodes)."""
+    --eval_sets picks some; it gets the --env_args it names, e.g. data_dir); any other env: the
+    held-out seeds 10**9 + [0, eval_episodes)."""
     sets_fn = getattr(env_module(cfg.env), "eval_sets", None)   # the optional hook (envs/__init__.py)
     if sets_fn is None:
         if cfg.eval_sets:
             raise ValueError(f"--eval_sets {cfg.eval_sets}: {cfg.env} has no named eval sets (it plays held-out seeds)")
         return {"held-out": ({}, [HELD_OUT + k for k in range(cfg.eval_episodes)])}
-    return sets_fn(cfg.eval_episodes, names=[n for n in cfg.eval_sets.split(",") if n] or None)
+    params = inspect.signature(sets_fn).parameters   # the --env_args it takes (data_dir: where the sets are)
+    env_args = {k: v for k, v in parse_env_args(cfg.env, cfg.env_args).items()
+                if k in params or any(p.kind == p.VAR_KEYWORD for p in params.values())}
+    return sets_fn(cfg.eval_episodes, names=[n for n in cfg.eval_sets.split(",") if n] or None, **env_args)
 
 
 def eval_what(cfg):

@@ -16,12 +16,13 @@ CHAT_TEMPLATE = ("{% for m in messages %}{{ m['content'] }} {% endfor %}"
                  "{% if add_generation_prompt %}act{% endif %}")
 
 
-def corpus(env_name, episodes=200, seed=0):
-    """Every string the tiny model can be shown or asked to say, from random episodes."""
+def corpus(env_name, episodes=200, seed=0, env_kwargs=None):
+    """Every string the tiny model can be shown or asked to say, from random episodes of the env as
+    --env_args configures it (WebShop and Search need their data_dir there)."""
     from envs import make_env
     from memory import MEMORIES, make_memory
     from prompts import prompt_module
-    env, prompt, rng = make_env(env_name), prompt_module(env_name), random.Random(seed)
+    env, prompt, rng = make_env(env_name, **(env_kwargs or {})), prompt_module(env_name), random.Random(seed)
     yield "act"
     for ep in range(episodes):
         obs, info = env.reset(seed=10**8 + ep)
@@ -41,7 +42,7 @@ def corpus(env_name, episodes=200, seed=0):
             obs, done, step = new_obs, term or trunc, step + 1
 
 
-def build_tokenizer(env_name):
+def build_tokenizer(env_name, env_kwargs=None):
     tok = Tokenizer(models.WordLevel(unk_token="<unk>"))
     tok.normalizer = normalizers.Replace(Regex(r"[(),]"), "")  # "at (1, 3)" -> "at 1 3": 7 prompt tokens, not 16
     tok.pre_tokenizer = pre_tokenizers.Sequence([
@@ -49,16 +50,17 @@ def build_tokenizer(env_name):
         pre_tokenizers.Digits(individual_digits=True)])
     from envs import env_module   # an env with slow resets (ALFWorld) sets fewer corpus episodes; unseen words -> <unk>
     episodes = getattr(env_module(env_name), "TINY_CORPUS_EPISODES", 200)   # the optional hook (envs/__init__.py)
-    tok.train_from_iterator(corpus(env_name, episodes), trainers.WordLevelTrainer(special_tokens=SPECIALS))
+    tok.train_from_iterator(corpus(env_name, episodes, env_kwargs=env_kwargs),
+                            trainers.WordLevelTrainer(special_tokens=SPECIALS))
     hf = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>",
                                  unk_token="<unk>")
     hf.chat_template = CHAT_TEMPLATE
     return hf
 
 
-def build_tiny(env_name="treasure", hidden=64, layers=2, heads=2, init_std=0.1, seed=0):
+def build_tiny(env_name="treasure", hidden=64, layers=2, heads=2, init_std=0.1, seed=0, env_kwargs=None):
     import torch
-    tokenizer = build_tokenizer(env_name)
+    tokenizer = build_tokenizer(env_name, env_kwargs)
     config = LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=4 * hidden,
         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads,

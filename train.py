@@ -588,7 +588,8 @@ def kept_log(path, upto):
 def load_model(cfg, device):
     if cfg.model == "tiny":
         from tiny import build_tiny
-        model, tok = build_tiny(cfg.env, cfg.tiny_hidden, cfg.tiny_layers, cfg.tiny_heads, seed=cfg.seed)
+        model, tok = build_tiny(cfg.env, cfg.tiny_hidden, cfg.tiny_layers, cfg.tiny_heads, seed=cfg.seed,
+                                env_kwargs=parse_env_args(cfg.env, cfg.env_args))
     else:
         from transformers import AutoModelForCausalLM, AutoTokenizer
         # fp32 master weights (FSDP2 computes in bf16 on GPU); packed varlen attention on GPU (fsdp.py)

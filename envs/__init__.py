@@ -47,6 +47,8 @@ ENVS = {  # name -> (module, class, default kwargs)
     "treasure": ("envs.treasure", "TreasureHunt", {}),
     "alfworld": ("envs.alfworld", "ALFWorld", {}),
     "sokoban": ("envs.sokoban", "Sokoban", {}),
+    "webshop": ("envs.webshop", "WebShop", {}),
+    "search": ("envs.search", "Search", {}),
 }
 
 

@@ -162,9 +162,10 @@ def test_memories():
 
 
 @pytest.mark.parametrize("name", sorted(ENVS))
-def test_every_env_is_a_checked_gymnasium_env(name):
+def test_every_env_is_a_checked_gymnasium_env(name, tmp_path):
     """gymnasium.make works for every registered env and gymnasium's env checker passes; reset(seed)
-    (how GroupedEnvs calls it) equals reset(seed=...). ALFWorld where its games are unpacked."""
+    (how GroupedEnvs calls it) equals reset(seed=...). ALFWorld where its games are unpacked;
+    WebShop and Search on their generated demo sets."""
     import gymnasium
     from gymnasium.utils.env_checker import check_env
     module, cls, kwargs = ENVS[name]
@@ -176,6 +177,9 @@ def test_every_env_is_a_checked_gymnasium_env(name):
         except FileNotFoundError:
             pytest.skip("ALFWorld games are not unpacked (docs/envs.md, ALFWorld)")
         kwargs = {"split": "valid_unseen"}
+    if name in ("webshop", "search"):
+        from envs import demo
+        kwargs = {"data_dir": getattr(demo, name)(str(tmp_path))}
     env = gymnasium.make(f"gigpo/{cls}-v0", **kwargs).unwrapped
     assert isinstance(env, gymnasium.Env)
     check_env(env, skip_render_check=True)
