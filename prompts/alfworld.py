@@ -20,12 +20,17 @@ FORMAT = ("Now it is your turn to act. First think step by step about the situat
           "<think> </think>. Then give exactly one admissible action inside <action> </action>.")
 
 
-def build(task, history_text, obs, admissible, step):
-    actions = ", ".join(f"'{a}'" for a in admissible if a != "help")
+def past_steps(step, history_text):
+    """The prompt's line on the steps so far and the memory ("" at step 0 without memory)."""
     past = f"You have taken {step} step(s) so far. " if step else ""
     if history_text:
         past += f"Your most recent observations and the actions you took: {history_text}"
-    past += "\n" if past else ""
+    return past + "\n" if past else ""
+
+
+def build(task, history_text, obs, admissible, step):
+    actions = ", ".join(f"'{a}'" for a in admissible if a != "help")
+    past = past_steps(step, history_text)
     content = (f"You are an expert agent in a household (the ALFRED embodied environment). "
                f"Your task is to: {task}\n{past}"
                f"This is step {step + 1}. Your current observation is: {obs}\n"

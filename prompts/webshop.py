@@ -12,7 +12,7 @@ digit by digit, so `parse` compares with all spaces removed; any "search [ words
 """
 import re
 
-from prompts.alfworld import FORMAT   # <think> ... </think> then <action> ... </action>
+from prompts.alfworld import FORMAT, past_steps   # <think> ... </think> then <action> ... </action>
 
 
 def build(task, history_text, obs, admissible, step):
@@ -22,10 +22,7 @@ def build(task, history_text, obs, admissible, step):
 
 def build_chat(task, history_text, obs, admissible, step):
     actions = ", ".join("'search[<your query>]'" if a.startswith("search[") else f"'{a}'" for a in admissible)
-    past = f"You have taken {step} step(s) so far. " if step else ""
-    if history_text:
-        past += f"Your most recent observations and the actions you took: {history_text}"
-    past += "\n" if past else ""
+    past = past_steps(step, history_text)
     content = (f"You are an expert shopper on WebShop, a shopping website you use by searching and clicking. "
                f"Your task is to: {task}\n{past}"
                f"This is step {step + 1}. The current page (its texts separated by [SEP]) is: {obs}\n"
