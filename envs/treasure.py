@@ -97,10 +97,11 @@ def success_rate(policy, n=20000, seed_base=10**9, **kw):
     return wins / n
 
 
-def action_table(model_dir, size=5):
+def action_table(model_dir, size=5, max_tokens=None):
     """What a trained model's greedy policy does in every state of the 5x5 game (600 = 25 x 24
     start/treasure pairs, no walls), by where the treasure lies: a markdown table with, per relative
-    position, the share of states where the action is a shortest-path move, and the actions taken."""
+    position, the share of states where the action is a shortest-path move, and the actions taken.
+    max_tokens: the reply length the run trained with (default 4 for a chat model, 1 for the tiny one)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from prompts import prompt_module
@@ -113,7 +114,8 @@ def action_table(model_dir, size=5):
     states = [(a, b) for a in cells for b in cells if a != b]
     ids = render_prompts(tok, [prompt.build("t", "", f"at {a} treasure {b}", list(MOVES), 0)
                                for a, b in states])
-    outs = HFEngine(model.to(device).eval(), tok).generate(ids, temperature=0, max_tokens=4 if tok.chat_template else 1)
+    outs = HFEngine(model.to(device).eval(), tok).generate(ids, temperature=0,
+                                                            max_tokens=max_tokens or (4 if tok.chat_template else 1))
     table = {}
     for ((r, c), (tr, tc)), (out, _) in zip(states, outs):
         act, _ = prompt.parse(tok.decode(out, skip_special_tokens=True), list(MOVES))
@@ -135,8 +137,10 @@ def action_table(model_dir, size=5):
 
 if __name__ == "__main__":
     import sys
-    if len(sys.argv) == 3 and sys.argv[1] == "--model":   # python -m envs.treasure --model out/model
-        action_table(sys.argv[2])
+    if len(sys.argv) in (3, 5) and sys.argv[1] == "--model":   # python -m envs.treasure --model DIR [--max_tokens N]
+        if len(sys.argv) == 5 and (sys.argv[3] != "--max_tokens" or not sys.argv[4].isdigit()):
+            sys.exit("usage: python -m envs.treasure [--model DIR [--max_tokens N]]")
+        action_table(sys.argv[2], max_tokens=int(sys.argv[4]) if len(sys.argv) == 5 else None)
         sys.exit()
     rand = success_rate(lambda env, rng: rng.choice(list(MOVES)))
     opt = success_rate(lambda env, rng: env.optimal_action())

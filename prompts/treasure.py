@@ -27,12 +27,24 @@ def build(task, history_text, obs, admissible, step):
     return [{"role": "user", "content": f"{history}{obs}"}]
 
 
+def offsets(cells):
+    """', that is 3 rows below you and 1 column to your left': the treasure relative to you, in words."""
+    pos = {k: (int(r), int(c)) for k, r, c in cells if k != "wall"}
+    if "at" not in pos or "treasure" not in pos:
+        return ""
+    (r, c), (tr, tc) = pos["at"], pos["treasure"]
+    n = lambda k, unit: f"{abs(k)} {unit}{'s' if abs(k) > 1 else ''}"   # noqa: E731
+    rows = "in your row" if tr == r else f"{n(tr - r, 'row')} {'below' if tr > r else 'above'} you"
+    cols = "in your column" if tc == c else f"{n(tc - c, 'column')} to your {'right' if tc > c else 'left'}"
+    return f", that is {rows} and {cols}"
+
+
 def build_chat(task, history_text, obs, admissible, step):
     cells = re.findall(r"(at|treasure|wall) \((\d+), (\d+)\)", obs)
     where = {k: f"row {r}, column {c}" for k, r, c in cells if k != "wall"}
     walls = [f"({r}, {c})" for k, r, c in cells if k == "wall"]
-    state = (f"You are at {where.get('at', '?')}. The treasure is at {where.get('treasure', '?')}."
-             + (f" Walls: {', '.join(walls)}." if walls else ""))
+    state = (f"You are at {where.get('at', '?')}. The treasure is at {where.get('treasure', '?')}"
+             f"{offsets(cells)}." + (f" Walls: {', '.join(walls)}." if walls else ""))
     memory = f"\nMemory: {history_text}" if history_text else ""
     a, b, c, d = random.Random(obs).sample(["up", "down", "left", "right"], 4)  # same state, same order
     return [{"role": "user", "content": f"{RULES.format(walls=' or a wall' if walls else '')}{memory}\n"

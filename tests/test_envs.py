@@ -126,7 +126,8 @@ def test_prompt_build_contains_obs_and_history():
 def test_chat_prompt_explains_the_game_and_parses_chat_replies():
     p = prompt_module("treasure", chat=True)
     text = p.build("t", "visited (0, 0)", "at (1, 3) treasure (4, 0) wall (2, 2)", list(MOVES), 0)[0]["content"]
-    for part in ("You are at row 1, column 3.", "The treasure is at row 4, column 0.", "Walls: (2, 2).",
+    for part in ("You are at row 1, column 3.", "The treasure is at row 4, column 0, that is 3 rows below you and 3 columns to your left.",
+                 "Walls: (2, 2).",
                  "down (row + 1)", "Memory: visited (0, 0)", "Answer with one word"):
         assert part in text
     adm = list(MOVES)
@@ -136,6 +137,9 @@ def test_chat_prompt_explains_the_game_and_parses_chat_replies():
         action, valid = p.parse(junk, adm)
         assert valid is False and isinstance(action, str) and len(action) <= 30
     assert prompt_module("alfworld", chat=True).build is prompt_module("alfworld").build   # no chat variant
+    for obs, where in [("at (2, 2) treasure (2, 3)", "in your row and 1 column to your right"),
+                       ("at (4, 1) treasure (3, 1)", "1 row above you and in your column")]:
+        assert f"that is {where}." in p.build("t", "", obs, adm, 0)[0]["content"]
 
 
 def test_memories():
