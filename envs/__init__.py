@@ -82,6 +82,16 @@ def parse_env_args(name, text):
     return out
 
 
+def test_set(name, names, n, size):
+    """eval_sets() of an env whose one eval set is "test", its test split in order (n caps the
+    count). size() builds the env and counts the split: bad --env_args or missing data fail there,
+    in one line, before any work."""
+    if any(x != "test" for x in names or ()):
+        raise ValueError(f"--eval_sets {','.join(names)}: {name} has the eval set test")
+    count = size()
+    return {"test": ({"split": "test"}, list(range(min(count, n or count))))}
+
+
 def make_env(name, **kwargs):
     return env_class(name)(**{**ENVS[name][2], **kwargs})
 

@@ -34,7 +34,7 @@ from functools import lru_cache
 
 import gymnasium
 
-from envs import TextSpace
+from envs import TextSpace, test_set
 
 INVALID = ("Your previous action is invalid. To search, put the query between <search> and </search>; "
            "to give the final answer, put it between <answer> and </answer>. Try again.")
@@ -207,11 +207,6 @@ class Search(gymnasium.Env):
 
 
 def eval_sets(n=None, names=None, **env_args):
-    """One eval set, "test": the test split in order (n caps the count). Builds the env from
-    --env_args first: bad values or missing data fail here, in one line, before any work."""
-    if any(name != "test" for name in names or ()):
-        raise ValueError(f"--eval_sets {','.join(names)}: search has the eval set test")
-    env = Search(**env_args)
-    size = len(load_questions(env.root, "test"))
-    return {"test": ({"split": "test"}, list(range(min(size, n or size))))}
+    """One eval set, "test": the test split in order (envs.test_set)."""
+    return test_set("search", names, n, lambda: len(load_questions(Search(**env_args).root, "test")))
 

@@ -37,7 +37,7 @@ from functools import lru_cache
 import gymnasium
 from rapidfuzz import fuzz, utils
 
-from envs import TextSpace
+from envs import TextSpace, test_set
 from envs.search import BM25
 
 PER_PAGE, TOP_N = 10, 50
@@ -256,11 +256,9 @@ class WebShop(gymnasium.Env):
 
 
 def eval_sets(n=None, names=None, **env_args):
-    """One eval set, "test": the test split in order (n caps the count). Builds the env from
-    --env_args first: bad values or missing data fail here, in one line, before any work."""
-    if any(name != "test" for name in names or ()):
-        raise ValueError(f"--eval_sets {','.join(names)}: webshop has the eval set test")
-    env = WebShop(**env_args)
-    size = len(split_goals(load(env.root, env.small)[3], "test"))
-    return {"test": ({"split": "test"}, list(range(min(size, n or size))))}
+    """One eval set, "test": the test split in order (envs.test_set)."""
+    def size():
+        env = WebShop(**env_args)
+        return len(split_goals(load(env.root, env.small)[3], "test"))
+    return test_set("webshop", names, n, size)
 
