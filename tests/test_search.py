@@ -193,16 +193,9 @@ def test_parsers_never_raise(chat):
     assert "Question: Who?" in msg[0]["content"] and "<information>y" in msg[0]["content"]
 
 
-def test_train_one_iteration_with_the_tiny_model(demo, tmp_path):
-    out = tmp_path / "run"
-    r = subprocess.run([sys.executable, "train.py", "--env", "search", "--model", "tiny", "--env_args",
-                        f"data_dir={demo},max_steps=3", "--n_groups", "2", "--group_size", "2", "--iterations", "1",
-                        "--eval_every", "1", "--eval_episodes", "4", "--max_response_tokens", "6", "--memory", "none",
-                        "--mini_batch", "16", "--engine", "hf", "--threads", "1", "--out_dir", str(out)],
-                       cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert re.search(r"held-out success test \d\.\d{3} \(test 4 games", r.stdout.strip().splitlines()[-1]), r.stdout[-500:]
-    row = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
+def test_train_one_iteration_with_the_tiny_model(demo, train_tiny):
+    last, row = train_tiny("search", f"data_dir={demo},max_steps=3", 6)
+    assert re.search(r"held-out success test \d\.\d{3} \(test 4 games", last), last
     assert row["iteration"] == 1 and 4 <= row["samples"] <= 12 and row["episode_length"] <= 3
 
 

@@ -1,9 +1,6 @@
 import json
-import os
 import random
 import re
-import subprocess
-import sys
 
 import gymnasium
 import pytest
@@ -13,7 +10,6 @@ from envs import demo as demo_sets
 from envs.webshop import WebShop, eval_sets, type_reward
 from prompts import prompt_module
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")
@@ -185,16 +181,9 @@ def test_parsers_never_raise(chat, demo):
     assert "'search[<your query>]'" in msg and "buy x" in msg and "<action>" in msg
 
 
-def test_train_one_iteration_with_the_tiny_model(demo, tmp_path):
-    out = tmp_path / "run"
-    r = subprocess.run([sys.executable, "train.py", "--env", "webshop", "--model", "tiny", "--env_args",
-                        f"data_dir={demo},max_steps=4", "--n_groups", "2", "--group_size", "2", "--iterations", "1",
-                        "--eval_every", "1", "--eval_episodes", "4", "--max_response_tokens", "8", "--memory", "none",
-                        "--mini_batch", "16", "--engine", "hf", "--threads", "1", "--out_dir", str(out)],
-                       cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert re.search(r"held-out success test \d\.\d{3} \(test 4 games", r.stdout.strip().splitlines()[-1]), r.stdout[-500:]
-    row = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
+def test_train_one_iteration_with_the_tiny_model(demo, train_tiny):
+    last, row = train_tiny("webshop", f"data_dir={demo},max_steps=4", 8)
+    assert re.search(r"held-out success test \d\.\d{3} \(test 4 games", last), last
     assert row["iteration"] == 1 and 4 <= row["samples"] <= 16 and row["episode_length"] <= 4
 
 
