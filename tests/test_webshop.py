@@ -11,7 +11,6 @@ from envs.webshop import WebShop, eval_sets, type_reward
 from prompts import prompt_module
 
 
-
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
     return demo_sets.webshop(str(tmp_path_factory.mktemp("webshop_demo")))
