@@ -6,6 +6,8 @@ Shape (why): hidden 64 with 2 heads gives head_dim 32 (vLLM's CPU attention need
 std 0.1, not HF's 0.02 -- at 0.02 attention starts near-uniform and the model long cannot tell
 which digit is which coordinate (a measured plateau); tied embeddings keep it at ~0.1M parameters.
 """
+import json
+import os
 import random
 
 from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
@@ -40,6 +42,21 @@ def corpus(env_name, episodes=200, seed=0, env_kwargs=None):
             for m in mems:
                 m.add(obs, action, r)
             obs, done, step = new_obs, term or trunc, step + 1
+
+
+def is_tiny(model):
+    """--model "tiny", or a folder saved from a tiny-model run (out/model: its tokenizer carries the
+    tiny chat template). Such a model gets the terse prompt it was trained on, not the chat prompt."""
+    if model == "tiny":
+        return True
+    jinja, config = os.path.join(model, "chat_template.jinja"), os.path.join(model, "tokenizer_config.json")
+    if os.path.isfile(jinja):
+        with open(jinja) as f:
+            return f.read() == CHAT_TEMPLATE
+    if os.path.isfile(config):
+        with open(config) as f:
+            return json.load(f).get("chat_template") == CHAT_TEMPLATE
+    return False
 
 
 def build_tokenizer(env_name, env_kwargs=None):

@@ -42,6 +42,7 @@ from envs import ENVS, GroupedEnvs, make_env, parse_env_args
 from memory import MEMORIES, make_memory
 from ppo import logprobs, update
 from prompts import prompt_module
+from tiny import is_tiny
 from evaluate import HELD_OUT, eval_plan, eval_what, evaluate, headline, random_policy_success, success_text
 from fsdp import (PACKED_ATTN, add_lora, all_finite, all_reduce, attn_implementation, balance_tokens, check_resume,
                   checkpoint_path, dist_on, fail, finish_dist, first_line, full_parameters, load_checkpoint, save,
@@ -141,7 +142,7 @@ def main(argv=None):
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed + rank)
     random.seed(cfg.seed + rank)
-    prompt = prompt_module(cfg.env, chat=cfg.model != "tiny")   # a pretrained model gets instructions
+    prompt = prompt_module(cfg.env, chat=not is_tiny(cfg.model))   # a pretrained model gets instructions
     local_groups = cfg.n_groups // world                  # this rank's groups: rank * local_groups + j
     # the held-out seeds' envs (named eval sets, e.g. ALFWorld's splits, make their own in evaluate)
     env_args = parse_env_args(cfg.env, cfg.env_args)
@@ -251,7 +252,8 @@ def evaluate_only(cfg, rank, device, eval_envs, prompt):
                          gpu_memory_utilization=cfg.gpu_memory_utilization)
     rates = evaluate(tok, cfg, eval_envs, prompt, engine) if rank == 0 else None
     if rank == 0:
-        print(f"eval-only success {rates and success_text(rates)} ({eval_what(cfg)}; model {cfg.model})")
+        print(f"eval-only success {rates and success_text(rates)} ({eval_what(cfg)}; model {cfg.model}, "
+              f"prompt {prompt.build.__module__}.{prompt.build.__name__})")
     eval_envs and eval_envs.close()
     finish_dist(engine)
     return rates and headline(rates)

@@ -109,13 +109,15 @@ def action_table(model_dir, size=5, max_tokens=None):
     device = "cuda" if torch.cuda.is_available() else "cpu"
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16 if device == "cuda" else None)
-    prompt = prompt_module("treasure", chat=bool(tok.chat_template))
+    from tiny import is_tiny
+    tiny = is_tiny(model_dir)
+    prompt = prompt_module("treasure", chat=not tiny)
     cells = [(r, c) for r in range(size) for c in range(size)]
     states = [(a, b) for a in cells for b in cells if a != b]
     ids = render_prompts(tok, [prompt.build("t", "", f"at {a} treasure {b}", list(MOVES), 0)
                                for a, b in states])
     outs = HFEngine(model.to(device).eval(), tok).generate(ids, temperature=0,
-                                                            max_tokens=max_tokens or (4 if tok.chat_template else 1))
+                                                            max_tokens=max_tokens or (1 if tiny else 4))
     table = {}
     for ((r, c), (tr, tc)), (out, _) in zip(states, outs):
         act, _ = prompt.parse(tok.decode(out, skip_special_tokens=True), list(MOVES))

@@ -7,6 +7,8 @@ import sys
 import pytest
 import torch
 
+from tiny import is_tiny
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -132,6 +134,12 @@ def test_two_iterations_end_to_end(tmp_path):
     assert tok("at (1, 2)").input_ids[:2] == [tok.convert_tokens_to_ids("at"), tok.convert_tokens_to_ids("1")]
     meta = json.load(open(out / "ckpt" / "meta.json"))
     assert meta["iteration"] == 2 and meta["config"]["n_groups"] == 4 and os.listdir(out / "ckpt")
+    # the export evaluates as the run did: with the tiny model's prompt, to the same greedy success
+    assert is_tiny(str(out / "model")) and not is_tiny(str(tmp_path))
+    r = run_train("--eval_only", "1", "--model", str(out / "model"), "--eval_episodes", "16", "--env_args", "max_steps=4")
+    assert r.returncode == 0, r.stderr[-2000:]
+    last = r.stdout.strip().splitlines()[-1]
+    assert f"success {rows[-1]['eval_success']:.3f}" in last and last.endswith("prompt prompts.treasure.build)"), (rows[-1], last)
 
 
 def test_lora_end_to_end(tmp_path):
