@@ -83,7 +83,7 @@ def policy_success(policy, all_states, max_steps=10):
     return wins / len(all_states)
 
 
-def main():
+def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", required=True, help="a chat model directory (python smollm2.py DIR writes one)")
     ap.add_argument("--lr", type=float, nargs="+", default=[1e-6, 1e-5, 1e-4])
@@ -91,7 +91,7 @@ def main():
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--eval_every", type=int, default=50)
     ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     tok = AutoTokenizer.from_pretrained(args.model)
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id

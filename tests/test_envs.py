@@ -188,3 +188,17 @@ def test_every_env_is_a_checked_gymnasium_env(name, tmp_path):
     assert isinstance(env, gymnasium.Env)
     check_env(env, skip_render_check=True)
     assert env.reset(7)[0] == env.reset(seed=7)[0] == make_env(name, **kwargs).reset(7)[0]
+
+
+def test_sft_check_runs_and_fits(tiny_model, tmp_path, capsys):
+    """bench.sft (the supervised ceiling check) end to end on the tiny model: the table has a row per
+    eval, and 60 steps teach it to answer with a move and lower the loss."""
+    from bench import sft
+    model, tok = tiny_model
+    model.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    sft.main(["--model", str(tmp_path), "--lr", "1e-2", "--steps", "60", "--eval_every", "20", "--batch", "16"])
+    rows = [line.split("|")[1:-1] for line in capsys.readouterr().out.splitlines() if line.startswith("| 0.01 |")]
+    assert [int(r[1]) for r in rows] == [0, 20, 40, 60]
+    assert float(rows[-1][5]) == 0.0 and float(rows[-1][2]) < float(rows[1][2])   # no invalid first token; loss falls
+    assert all(0 <= float(r[k]) <= 1 for r in rows for k in (3, 4, 5))
