@@ -62,6 +62,8 @@ class Config:
     env_workers: int = 0           # env worker processes; 0 = step in-process (fine for the toy game)
     # model and generation
     model: str = "tiny"            # "tiny" = built here from scratch (tiny.py), or an HF name/path
+    prompt: str = ""               # a prompt variant of prompts/<env>.py (build_NAME), e.g. "choice" (ALFWorld:
+                                   # answer with an action's number); "" = the tiny model's or the chat prompt
     tiny_hidden: int = 64          # tiny model: hidden size (head_dim = hidden / heads >= 32 for vLLM CPU)
     tiny_layers: int = 2           # tiny model: decoder layers
     tiny_heads: int = 2            # tiny model: attention heads
@@ -142,7 +144,7 @@ def main(argv=None):
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed + rank)
     random.seed(cfg.seed + rank)
-    prompt = prompt_module(cfg.env, chat=not is_tiny(cfg.model))   # a pretrained model gets instructions
+    prompt = prompt_module(cfg.env, chat=not is_tiny(cfg.model), variant=cfg.prompt)   # a pretrained model: instructions
     local_groups = cfg.n_groups // world                  # this rank's groups: rank * local_groups + j
     # the held-out seeds' envs (named eval sets, e.g. ALFWorld's splits, make their own in evaluate)
     env_args = parse_env_args(cfg.env, cfg.env_args)
@@ -487,6 +489,10 @@ def check_config(cfg):
                         ("stats", gigpo.STATS), ("engine", ENGINES), ("device", DEVICES)):
         if getattr(cfg, flag) not in names:
             bad(f"unknown {flag} {getattr(cfg, flag)!r}: use --{flag} with one of {', '.join(names)}")
+    try:
+        prompt_module(cfg.env, variant=cfg.prompt)
+    except ValueError as e:
+        bad(str(e))
     try:
         env_args = parse_env_args(cfg.env, cfg.env_args)
         if env_args and cfg.env == "treasure":  # cheap to build: check the values too

@@ -51,3 +51,32 @@ def parse(response_text, admissible):
     if not (well_formed and thought != -1 and text.find("</think>", thought) != -1):
         return "", False
     return action, True
+
+
+# ---- --prompt choice: the admissible actions numbered, the reply is a number ----
+# SmolLM2-135M-Instruct writes no parsable tagged reply at T = 1 (0 of 32 samples, LOG.md), so RL on
+# the format above has nothing to rank. Here the reply is the number of an admissible action (one or
+# two tokens; give the run --max_response_tokens 2 or so): a smaller task, for small models.
+def choices(admissible):
+    return [a for a in admissible if a != "help"]
+
+
+def build_choice(task, history_text, obs, admissible, step):
+    listed = "\n".join(f"{i}. {a}" for i, a in enumerate(choices(admissible), 1))
+    content = (f"You are an expert agent in a household (the ALFRED embodied environment). "
+               f"Your task is to: {task}\n{past_steps(step, history_text)}"
+               f"This is step {step + 1}. Your current observation is: {obs}\n"
+               f"Your admissible actions now are:\n{listed}\n\n"
+               f"Answer with the number of one admissible action, and nothing else.")
+    return [{"role": "user", "content": content}]
+
+
+def parse_choice(response_text, admissible):
+    """The reply's first whole number, when it numbers an admissible action -> (that action, True);
+    anything else ("", False). Never raises."""
+    digits = "".join(c if c in "0123456789" else " " for c in (response_text or "")[:40]).split()
+    options = choices(admissible)
+    if not digits or not 1 <= int(digits[0]) <= len(options):
+        return "", False
+    return options[int(digits[0]) - 1], True
+

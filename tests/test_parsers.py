@@ -6,7 +6,7 @@ import random
 import re
 
 from envs.treasure import MOVES
-from prompts import alfworld, treasure
+from prompts import alfworld, prompt_module, treasure
 
 ADM_T = list(MOVES)
 ADM_A = ["go to fridge 1", "open fridge 1", "look", "take apple 2 from countertop 1", "inventory"]
@@ -86,3 +86,18 @@ def test_alfworld_valid_means_well_formed():
                 "<think>x</think><action>look</think>", "<think>x</think><action>go to\nfridge 1</action>",
                 "<action>look</action>", "look", "look</think>", "<think>x</think><action><b>look</action>"]:
         assert p(bad, adm) == ("", False), bad
+
+
+def test_alfworld_choice_variant():
+    """--prompt choice: numbered admissible actions ("help" left out), the reply's first whole
+    number picks one; the parser never raises and is valid exactly for 1..n."""
+    p = prompt_module("alfworld", variant="choice")
+    adm = ["go to desk 1", "help", "look", "take pen 1 from desk 1"]
+    text = p.build("put a pen in a drawer", "", "You are in a room.", adm, 0)[0]["content"]
+    assert "1. go to desk 1\n2. look\n3. take pen 1 from desk 1" in text and "help" not in text
+    for reply, want in [("2", ("look", True)), (" 3.", ("take pen 1 from desk 1", True)), ("Answer: 1", ("go to desk 1", True)),
+                        ("4", ("", False)), ("0", ("", False)), ("two", ("", False)), ("²", ("", False))]:
+        assert p.parse(reply, adm) == want, reply
+    for t in fuzz_strings(3000, seed=2):
+        action, valid = p.parse(t, adm)
+        assert (action in adm and action != "help") if valid else action == ""

@@ -29,6 +29,7 @@ def run_train(*args, timeout=600):
     (["--env_args", "size=5,colour=red"], "--env_args"),
     (["--env_args", "size=1"], "--env_args"),
     (["--lora_rank", "-1"], "--lora_rank"),
+    (["--prompt", "choice"], "--prompt choice: prompts/treasure.py has the variants chat"),
     (["--iterations"], "needs a value"),
 ])
 def test_bad_input_is_one_line_before_work(args, words):
