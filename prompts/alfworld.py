@@ -79,4 +79,3 @@ def parse_choice(response_text, admissible):
     if not digits or not 1 <= int(digits[0]) <= len(options):
         return "", False
     return options[int(digits[0]) - 1], True
-
