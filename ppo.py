@@ -58,8 +58,8 @@ def make_batch(samples, idx, pad_id, packed):
             ids[b, W - len(s):], mask[b, W - len(s):] = torch.tensor(s), 1
         inputs = dict(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(1) - 1).clamp(min=0),
                       logits_to_keep=K + 1)
-        rows = torch.tensor([b for b, r in enumerate(resp) for _ in range(r)])
-        cols = torch.tensor([K - r + k for r in resp for k in range(r)])        # logit column
+        rows = torch.tensor([b for b, r in enumerate(resp) for _ in range(r)], dtype=torch.long)
+        cols = torch.tensor([K - r + k for r in resp for k in range(r)], dtype=torch.long)   # logit column
         targets = ids[rows, W - K + cols]                                       # the token it predicts
     return {"inputs": inputs, "rows": rows, "cols": cols, "targets": targets}
 

@@ -17,26 +17,15 @@ there either with this prompt and model.
 import argparse
 import copy
 import random
+from types import SimpleNamespace
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from envs.treasure import MOVES
+from envs.treasure import MOVES, TreasureHunt, all_states, shortest_moves
+from ppo import make_batch
 from prompts import prompt_module
 from rollout import render_prompts
-
-SIZE = 5
-
-
-def states():
-    cells = [(r, c) for r in range(SIZE) for c in range(SIZE)]
-    return [(a, b) for a in cells for b in cells if a != b]
-
-
-def good_moves(a, b):
-    (r, c), (tr, tc) = a, b
-    return ({"down" if tr > r else "up"} if tr != r else set()) | ({"right" if tc > c else "left"} if tc != c else set())
-
 
 def first_tokens(tok):
     """Each move's first token id as the model would start its reply (the four must differ)."""
@@ -47,15 +36,11 @@ def first_tokens(tok):
 
 
 def last_logits(model, rows, pad_id, device):
-    """Left-padded batch -> the logits at each prompt's last position, (B, V)."""
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, r in enumerate(rows):
-        ids[i, width - len(r):], mask[i, width - len(r):] = torch.tensor(r), 1
-    pos = (mask.cumsum(1) - 1).clamp(min=0)
+    """Prompts -> the logits at each prompt's last position, (B, V): ppo.make_batch's left-padded
+    rows, with no response tokens."""
+    batch = make_batch([SimpleNamespace(prompt_ids=r, response_ids=[]) for r in rows], range(len(rows)), pad_id, False)
     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-        out = model(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=pos.to(device),
+        out = model(**{k: v.to(device) for k, v in batch["inputs"].items() if torch.is_tensor(v)},
                     logits_to_keep=1, use_cache=False)
     return out.logits[:, -1].float()
 
@@ -68,19 +53,19 @@ def greedy_policy(model, prompts, pad_id, device, move_of, batch=128):
     return acts
 
 
-def policy_success(policy, all_states, max_steps=10):
-    """Greedy episodes from every start/treasure pair, moving by the state -> move table."""
-    wins = 0
-    for a, b in all_states:
-        pos = a
-        for _ in range(max_steps):
-            dr, dc = MOVES.get(policy[(pos, b)], (0, 0))
-            r, c = pos[0] + dr, pos[1] + dc
-            pos = (r, c) if 0 <= r < SIZE and 0 <= c < SIZE else pos
-            if pos == b:
-                wins += 1
-                break
-    return wins / len(all_states)
+def policy_success(policy, states, max_steps=10):
+    """Greedy episodes of the 5x5 game from every start/treasure pair, moving by the state -> move
+    table (an invalid entry is a no-op, as in the env)."""
+    env, wins = TreasureHunt(size=5, max_steps=max_steps), 0
+    for a, b in states:
+        env.reset(seed=0)
+        env.pos, env.treasure, env.walls = a, b, set()
+        done = won = False
+        while not done:
+            _, _, won, trunc, _ = env.step(policy[(env.pos, b)])
+            done = won or trunc
+        wins += won
+    return wins / len(states)
 
 
 def main(argv=None):
@@ -97,14 +82,14 @@ def main(argv=None):
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     base = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
     prompt = prompt_module("treasure", chat=True)
-    all_states = states()
-    prompts = render_prompts(tok, [prompt.build("t", "", f"at {a} treasure {b}", list(MOVES), 0) for a, b in all_states])
+    states = all_states()
+    prompts = render_prompts(tok, [prompt.build("t", "", f"at {a} treasure {b}", list(MOVES), 0) for a, b in states])
     tid = first_tokens(tok)
     move_of = {v: k for k, v in tid.items()}
-    order = list(range(len(all_states)))
+    order = list(range(len(states)))
     random.Random(args.seed).shuffle(order)
     train_idx, test_idx = order[:2 * len(order) // 3], order[2 * len(order) // 3:]
-    targets = [torch.tensor([tid[m] for m in good_moves(*s)]) for s in all_states]
+    targets = [torch.tensor([tid[m] for m in shortest_moves(*s)]) for s in states]
     print(f"bench.sft: {args.model}, {len(train_idx)} train / {len(test_idx)} held-out states, batch {args.batch}, "
           f"{args.steps} steps, AdamW, {device}")
     print("| lr | step | train loss | held_out | policy | invalid |\n|---|---|---|---|---|---|")
@@ -117,8 +102,8 @@ def main(argv=None):
             if step % args.eval_every == 0:
                 model.eval()
                 acts = greedy_policy(model, prompts, pad_id, device, move_of)
-                held = sum(acts[i] in good_moves(*all_states[i]) for i in test_idx) / len(test_idx)
-                pol = policy_success(dict(zip(all_states, acts)), all_states)
+                held = sum(acts[i] in shortest_moves(*states[i]) for i in test_idx) / len(test_idx)
+                pol = policy_success(dict(zip(states, acts)), states)
                 loss = f"{sum(losses) / len(losses):.3f}" if losses else "-"
                 print(f"| {lr:g} | {step} | {loss} | {held:.3f} | {pol:.3f} | {acts.count('invalid') / len(acts):.3f} |",
                       flush=True)

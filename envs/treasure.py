@@ -97,6 +97,18 @@ def success_rate(policy, n=20000, seed_base=10**9, **kw):
     return wins / n
 
 
+def all_states(size=5):
+    """Every (start, treasure) pair of a size x size grid without walls: 600 for 5x5."""
+    cells = [(r, c) for r in range(size) for c in range(size)]
+    return [(a, b) for a in cells for b in cells if a != b]
+
+
+def shortest_moves(pos, treasure):
+    """The one or two moves that bring pos closer to the treasure (no walls)."""
+    (r, c), (tr, tc) = pos, treasure
+    return ({"down" if tr > r else "up"} if tr != r else set()) | ({"right" if tc > c else "left"} if tc != c else set())
+
+
 def action_table(model_dir, size=5, max_tokens=None):
     """What a trained model's greedy policy does in every state of the 5x5 game (600 = 25 x 24
     start/treasure pairs, no walls), by where the treasure lies: a markdown table with, per relative
@@ -112,8 +124,7 @@ def action_table(model_dir, size=5, max_tokens=None):
     from tiny import is_tiny
     tiny = is_tiny(model_dir)
     prompt = prompt_module("treasure", chat=not tiny)
-    cells = [(r, c) for r in range(size) for c in range(size)]
-    states = [(a, b) for a in cells for b in cells if a != b]
+    states = all_states(size)
     ids = render_prompts(tok, [prompt.build("t", "", f"at {a} treasure {b}", list(MOVES), 0)
                                for a, b in states])
     outs = HFEngine(model.to(device).eval(), tok).generate(ids, temperature=0,
@@ -121,8 +132,7 @@ def action_table(model_dir, size=5, max_tokens=None):
     table = {}
     for ((r, c), (tr, tc)), (out, _) in zip(states, outs):
         act, _ = prompt.parse(tok.decode(out, skip_special_tokens=True), list(MOVES))
-        good = {"down" if tr > r else "up"} if tr != r else set()
-        good |= {"right" if tc > c else "left"} if tc != c else set()
+        good = shortest_moves((r, c), (tr, tc))
         key = ("above" if tr < r else "below" if tr > r else "same row") + ", " + \
               ("left" if tc < c else "right" if tc > c else "same column")
         row = table.setdefault(key, {"n": 0, "good": 0, "acts": {}})

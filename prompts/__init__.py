@@ -17,8 +17,8 @@ def prompt_module(env_name, chat=False, variant=""):
     except ModuleNotFoundError as e:
         raise ValueError(f"no prompt module prompts/{env_name}.py for --env {env_name}") from e
     if variant:
-        names = sorted(k[6:] for k in vars(module) if k.startswith("build_") and callable(getattr(module, k)))
         if not hasattr(module, f"build_{variant}") or not hasattr(module, f"parse_{variant}"):
+            names = sorted(k[6:] for k in vars(module) if k.startswith("build_") and callable(getattr(module, k)))
             raise ValueError(f"--prompt {variant}: prompts/{env_name}.py has the variants {', '.join(names) or 'none'}")
         return SimpleNamespace(build=getattr(module, f"build_{variant}"), parse=getattr(module, f"parse_{variant}"))
     if not chat:

@@ -126,7 +126,8 @@ def test_prompt_build_contains_obs_and_history():
 def test_chat_prompt_explains_the_game_and_parses_chat_replies():
     p = prompt_module("treasure", chat=True)
     text = p.build("t", "visited (0, 0)", "at (1, 3) treasure (4, 0) wall (2, 2)", list(MOVES), 0)[0]["content"]
-    for part in ("You are at row 1, column 3.", "The treasure is at row 4, column 0, that is 3 rows below you and 3 columns to your left.",
+    for part in ("You are at row 1, column 3.",
+                 "The treasure is at row 4, column 0, that is 3 rows below you and 3 columns to your left.",
                  "Walls: (2, 2).",
                  "down (row + 1)", "Memory: visited (0, 0)", "Answer with one word"):
         assert part in text
