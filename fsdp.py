@@ -136,14 +136,21 @@ def all_reduce(x, op="sum"):
     return t.item() if not torch.is_tensor(x) else t
 
 
-def shard(model, device, grad_ckpt=False, reshard_after_forward=None):
+def shard(model, device, grad_ckpt=False, reshard_after_forward=None, compile_layers=False):
     """FSDP2: each decoder layer is its own unit, then the root (embeddings, head). On GPU, bf16
     parameters and compute with fp32 gradient reduction; the sharded fp32 master weights are what
     AdamW updates, so its state is fp32 too. A no-op without a process group (plain CPU run).
     reshard_after_forward (None = only when the world has several ranks): free each gathered layer
     after its forward and gather it again for the backward. In a world of one rank there is nothing
     to save (its shard is the whole layer) and the second gather costs time: SmolLM2-135M's update
-    on an H200, 32768-token micro-batches, 93k -> 103k tokens/s without it (bench/update.py)."""
+    on an H200, 32768-token micro-batches, 93k -> 103k tokens/s without it (bench/update.py).
+    compile_layers: torch.compile each decoder layer's forward (dynamic shapes: micro-batches differ
+    in length), which fuses its elementwise work (norms, RoPE, SiLU, casts); the module and its
+    parameter names stay as they are, so checkpoints and weight pushes do not change."""
+    layers = getattr(model, "get_base_model", lambda: model)().model.layers
+    if compile_layers:
+        for layer in layers:
+            layer.forward = torch.compile(layer.forward, dynamic=True)
     if reshard_after_forward is None:
         reshard_after_forward = dist.is_initialized() and dist.get_world_size() > 1
     if grad_ckpt:
@@ -153,7 +160,7 @@ def shard(model, device, grad_ckpt=False, reshard_after_forward=None):
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
         if device.type == "cuda" else MixedPrecisionPolicy()
-    for layer in getattr(model, "get_base_model", lambda: model)().model.layers:
+    for layer in layers:
         fully_shard(layer, mp_policy=mp, reshard_after_forward=reshard_after_forward)
     return fully_shard(model, mp_policy=mp, reshard_after_forward=reshard_after_forward)
 

@@ -64,15 +64,17 @@ def make_batch(samples, idx, pad_id, packed):
     return {"inputs": inputs, "rows": rows, "cols": cols, "targets": targets}
 
 
-def response_logprobs(model, batch, device, temperature=1.0):
+def response_logprobs(model, batch, device, temperature=1.0, entropy_grad=False):
     """Log-prob and entropy of every response token of a micro-batch: two (n_tokens,) tensors, in
-    sample order (the order of make_batch's idx), token order within a sample."""
+    sample order (the order of make_batch's idx), token order within a sample. The entropy carries
+    a gradient only with entropy_grad (an entropy bonus); else it is a metric, kept off the graph."""
     inputs = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch["inputs"].items()}
     logits = model(**inputs, use_cache=False).logits                              # (B, keep, V)
     logits = logits[batch["rows"].to(device), batch["cols"].to(device)].float() / temperature
     logp_all = torch.log_softmax(logits, -1)                                       # (n, V)
     logp = logp_all.gather(-1, batch["targets"].to(device)[:, None])[:, 0]
-    return logp, -(logp_all.exp() * logp_all).sum(-1)
+    with torch.enable_grad() if entropy_grad else torch.no_grad():
+        return logp, -(logp_all.exp() * logp_all).sum(-1)
 
 
 def dummy_pass(model, device):
@@ -125,7 +127,7 @@ def update(model, opt, sched, samples, *, old, ref, adv, cfg, device, pad_id, pa
                     dummy_pass(model, device).backward()
                     continue
                 logp, ent = response_logprobs(model, make_batch(samples, mb, pad_id, packed), device,
-                                              cfg.temperature)
+                                              cfg.temperature, entropy_grad=cfg.entropy_coef > 0)
                 cat = lambda xs: torch.cat([xs[i] for i in mb]).to(device)[None]   # noqa: E731
                 a = torch.cat([torch.full((len(samples[i].response_ids),), float(adv[i])) for i in mb])
                 m = torch.ones_like(logp)[None]

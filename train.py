@@ -97,6 +97,7 @@ class Config:
     mini_batch: int = 512          # step samples per optimizer step (paper: 256)
     micro_batch_tokens: int = 8192 # tokens per forward/backward (padded rows on CPU, packed rows on GPU)
     grad_ckpt: bool = False        # activation checkpointing (saves memory on big models, costs ~1/3 more compute)
+    compile: bool = False          # torch.compile each decoder layer (GPU: fuses a small model's elementwise work)
     lora_rank: int = 0             # > 0: train LoRA adapters of this rank (peft, all linear layers) instead of all weights
     # evaluation, logging, io
     eval_every: int = 5            # evaluate (evaluate.py) every k iterations (and at the end)
@@ -293,7 +294,7 @@ def build_policy(cfg, device, world, print0):
         if cfg.lora_rank else ""
     print0(f"model: {cfg.model}, {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters{lora}, "
            f"vocab {len(tok)}, device {device}{f', FSDP2 over {world} rank(s)' if distributed else ''}")
-    model = shard(model, device, cfg.grad_ckpt)
+    model = shard(model, device, cfg.grad_ckpt, compile_layers=cfg.compile)
     ref = shard(ref, device) if ref is not None else None
     return model, tok, ref, engine, gen_model, packed
 

@@ -75,12 +75,14 @@ def run(args, rank, world, device, log):
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(mcfg, attn_implementation=attn)
     n_params = sum(p.numel() for p in model.parameters())
-    log(f"model {args.shape}: {n_params / 1e9:.2f}B parameters, world {world}, device {device}, attention {attn}")
+    log(f"model {args.shape}: {n_params / 1e9:.2f}B parameters, world {world}, device {device}, attention {attn}, "
+        f"compile {args.compile}")
     cfg = train.Config(micro_batch_tokens=args.micro_batch_tokens, mini_batch=args.samples, grad_ckpt=args.grad_ckpt,
                        lr=1e-6, dual_clip=3.0)
     engine = HFEngine(model, None, copy_dtype=torch.bfloat16) if args.gather else None
     model = fsdp.shard(model, device, cfg.grad_ckpt,
-                       reshard_after_forward=None if args.reshard_after_forward < 0 else bool(args.reshard_after_forward))
+                       reshard_after_forward=None if args.reshard_after_forward < 0 else bool(args.reshard_after_forward),
+                       compile_layers=bool(args.compile))
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, fused=device.type == "cuda")
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda it: 1.0)
     samples = make_samples(args.samples // world, args.prompt, args.response, mcfg.vocab_size, seed=rank)
@@ -161,6 +163,7 @@ def main():
     ap.add_argument("--reshard_after_forward", type=int, default=-1,
                     help="FSDP2: free the gathered layer after its forward (1) or keep it for the backward (0); "
                          "-1 = as train.py: 1 only with several ranks")
+    ap.add_argument("--compile", type=int, default=0, help="1 = torch.compile each decoder layer (train.py --compile 1)")
     ap.add_argument("--profile", type=int, default=0, help="also print torch.profiler's top kernels of one micro-batch")
     ap.add_argument("--peak_tflops", type=float, default=0.0, help="bf16 peak per GPU (H200 measured: ~790)")
     args = ap.parse_args()

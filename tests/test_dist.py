@@ -38,6 +38,40 @@ def test_packed_and_padded_micro_batches_give_the_same_log_probs():
     assert torch.allclose(padded[1], packed[1], atol=1e-5)
 
 
+def test_compiled_layers_score_and_train_like_plain_ones():
+    """--compile 1 (fsdp.shard(compile_layers=True)): torch.compile each decoder layer. The same
+    log-probs and gradients for both micro-batch layouts (micro-batches of other lengths reuse the
+    dynamic graph), and the parameter names that checkpoints and weight pushes use are unchanged."""
+    samples, _ = fixed_batch()
+    idx = list(range(len(samples)))
+    plain, tok = build_tiny("treasure", seed=0)
+    compiled, _ = build_tiny("treasure", seed=0)
+    names = [n for n, _ in compiled.named_parameters()]
+    compiled = fsdp.shard(compiled, torch.device("cpu"), compile_layers=True)
+    assert [n for n, _ in compiled.named_parameters()] == names
+    for packed in (False, True):
+        for sub in (idx, idx[:3]):
+            batch = ppo.make_batch(samples, sub, tok.pad_token_id, packed)
+            (a, _), (b, _) = (ppo.response_logprobs(m, batch, "cpu") for m in (plain, compiled))
+            assert torch.allclose(a, b, atol=1e-5)
+    for m in (plain, compiled):
+        m.zero_grad()
+        ppo.response_logprobs(m, ppo.make_batch(samples, idx, tok.pad_token_id, True), "cpu")[0].sum().backward()
+    for p, q in zip(plain.parameters(), compiled.parameters()):
+        assert torch.allclose(p.grad, q.grad, atol=1e-5)
+
+
+def test_entropy_is_on_the_graph_only_with_an_entropy_bonus():
+    """Without --entropy_coef the per-token entropy (over the whole vocabulary) is a metric: no graph,
+    no backward work; with it, it must carry the gradient of the bonus."""
+    model, tok = build_tiny("treasure", seed=0)
+    samples, _ = fixed_batch()
+    batch = ppo.make_batch(samples, list(range(len(samples))), tok.pad_token_id, False)
+    logp, ent = ppo.response_logprobs(model, batch, "cpu")
+    assert logp.requires_grad and not ent.requires_grad
+    assert ppo.response_logprobs(model, batch, "cpu", entropy_grad=True)[1].requires_grad
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="torch's varlen attention needs a CUDA GPU")
 def test_gpu_packed_varlen_and_padded_sdpa_give_the_same_loss():
     """On GPU the update packs rows for torch's varlen flash kernel (fsdp.attn_implementation); the
