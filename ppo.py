@@ -45,7 +45,9 @@ def make_batch(samples, idx, pad_id, packed):
         keep = torch.tensor([e - r - 1 + k for e, r in zip(ends, resp) for k in range(r)])
         ids = torch.tensor([[t for s in seqs for t in s]])
         cu = torch.tensor([0, *ends], dtype=torch.int32)              # sequence boundaries, for varlen
-        longest = max(len(s) for s in seqs)
+        # an upper bound is all varlen attention needs; a power of two keeps the values few, so a
+        # compiled layer (--compile 1, which guards on this int) is not recompiled per micro-batch
+        longest = 1 << (max(len(s) for s in seqs) - 1).bit_length()
         inputs = dict(input_ids=ids, position_ids=torch.tensor([[p for s in seqs for p in range(len(s))]]),
                       logits_to_keep=keep, cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=longest,
                       max_length_k=longest)
