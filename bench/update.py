@@ -89,8 +89,10 @@ def run(args, rank, world, device, log):
     adv = [random.Random(i).uniform(-1, 1) for i in range(len(samples))]
     sync = (lambda: torch.cuda.synchronize()) if device.type == "cuda" else (lambda: None)
 
-    # warm-up on a few samples (kernels, allocator), then one measured score + update on all of them
-    few = samples[:max(2, len(samples) // 16)]
+    # warm-up on a few samples (kernels, allocator), then one measured score + update on all of them;
+    # --compile warms up on all of them: torch.compile specialises on size ranges (a micro-batch of
+    # more than ~9k tokens compiled anew on an H200), and a run compiles only in its first iterations
+    few = samples if args.compile else samples[:max(2, len(samples) // 16)]
     old = ppo.logprobs(model, few, cfg=cfg, device=device, pad_id=0, packed=packed)
     ppo.update(model, opt, sched, few, old=old, ref=None, adv=adv, cfg=cfg, device=device, pad_id=0, packed=packed)
     if args.profile:
