@@ -15,6 +15,7 @@ As in the reference, a well-formed action that is not admissible is still valid:
 it, and the episode's reward says so. (The reference also marks responses with Chinese characters
 invalid, a Qwen-specific guard we leave out.)
 """
+import zlib
 
 FORMAT = ("Now it is your turn to act. First think step by step about the situation, inside "
           "<think> </think>. Then give exactly one admissible action inside <action> </action>.")
@@ -57,8 +58,13 @@ def parse(response_text, admissible):
 # SmolLM2-135M-Instruct writes no parsable tagged reply at T = 1 (0 of 32 samples, LOG.md), so RL on
 # the format above has nothing to rank. Here the reply is the number of an admissible action (one or
 # two tokens; give the run --max_response_tokens 2 or so): a smaller task, for small models.
+# The list is in an order drawn from the list itself: the env's order put an "examine ..." first
+# in most states, and a trained SmolLM2 answered "1" in 97% of steps (valid, never winning); now
+# "1" is a different action from state to state, and the same state always gets the same order.
 def choices(admissible):
-    return [a for a in admissible if a != "help"]
+    options = [a for a in admissible if a != "help"]
+    key = "|".join(options)
+    return sorted(options, key=lambda a: zlib.crc32(f"{a}|{key}".encode()))
 
 
 def build_choice(task, history_text, obs, admissible, step):

@@ -89,15 +89,24 @@ def test_alfworld_valid_means_well_formed():
 
 
 def test_alfworld_choice_variant():
-    """--prompt choice: numbered admissible actions ("help" left out), the reply's first whole
-    number picks one; the parser never raises and is valid exactly for 1..n."""
+    """--prompt choice: numbered admissible actions ("help" left out) in an order drawn from the
+    list (the same list, the same order; not the env's order everywhere), the reply's first whole
+    number picks the action listed under it; the parser never raises and is valid exactly for 1..n."""
     p = prompt_module("alfworld", variant="choice")
     adm = ["go to desk 1", "help", "look", "take pen 1 from desk 1"]
     text = p.build("put a pen in a drawer", "", "You are in a room.", adm, 0)[0]["content"]
-    assert "1. go to desk 1\n2. look\n3. take pen 1 from desk 1" in text and "help" not in text
-    for reply, want in [("2", ("look", True)), (" 3.", ("take pen 1 from desk 1", True)), ("Answer: 1", ("go to desk 1", True)),
-                        ("4", ("", False)), ("0", ("", False)), ("two", ("", False)), ("²", ("", False))]:
-        assert p.parse(reply, adm) == want, reply
+    listed = [line.split(". ", 1)[1] for line in text.splitlines() if line[:1].isdigit()]
+    assert sorted(listed) == ["go to desk 1", "look", "take pen 1 from desk 1"] and "help" not in text
+    assert listed == [line.split(". ", 1)[1] for line in p.build("t", "", "o", adm, 3)[0]["content"].splitlines()
+                      if line[:1].isdigit()]                                   # the same list, the same order
+    from prompts.alfworld import choices
+    lists = [[f"go to desk {k}", f"go to bed {k}", "look"] for k in range(20)]
+    assert sum(choices(opts)[0] != opts[0] for opts in lists) >= 5            # "1" is not always the env's first
+    for k, action in enumerate(listed, 1):
+        assert p.parse(str(k), adm) == (action, True) and p.parse(f" {k}.", adm) == (action, True)
+        assert p.parse(f"Answer: {k}", adm) == (action, True)
+    for reply in ("4", "0", "two", "²"):
+        assert p.parse(reply, adm) == ("", False), reply
     for t in fuzz_strings(3000, seed=2):
         action, valid = p.parse(t, adm)
         assert (action in adm and action != "help") if valid else action == ""
