@@ -1,4 +1,8 @@
-"""Whole episodes on disk, to see what the agent did and what GiGPO made of it.
+"""What a run writes besides its checkpoints: metrics.jsonl, and whole episodes, to see what the
+agent did and what GiGPO made of it.
+
+`out_dir/metrics.jsonl` gets one line per iteration (README, "Metrics"); a resumed run keeps the
+lines of the iterations its checkpoint holds (kept_log) and drops the rest.
 
 `out_dir/episodes.jsonl` gets one line per episode: for a few training groups of every iteration
 (`--log_groups`, default 1) and the first `--log_groups x 8` episodes of every evaluation set. Per
@@ -17,6 +21,36 @@ import numpy as np
 import gigpo
 
 PROMPT_CHARS = 4000
+
+
+def kept_log(path, upto):
+    """The lines of metrics.jsonl up to iteration `upto` (the checkpoint's; resume redoes the rest).
+    A half-written last line (a kill mid-write) is dropped; a damaged line before it is an error."""
+    lines = open(path).readlines() if os.path.exists(path) else []
+    kept = []
+    for k, line in enumerate(lines):
+        try:
+            it = json.loads(line)["iteration"]
+        except (ValueError, KeyError, TypeError):
+            if k == len(lines) - 1:
+                break
+            from fsdp import fail   # here: the episode viewer imports this module without torch
+            fail(f"--resume: line {k + 1} of {path} is not a metrics line; remove it or use another --out_dir")
+        if it <= upto:
+            kept.append(line if line.endswith("\n") else line + "\n")
+    return kept
+
+
+def open_metrics_log(cfg, kept, start):
+    """out_dir/metrics.jsonl, open to append (rank 0). A fresh run starts it empty; a resumed one keeps
+    the lines of the iterations its checkpoint holds (`kept`, from kept_log) and drops the rest."""
+    os.makedirs(cfg.out_dir, exist_ok=True)
+    path = os.path.join(cfg.out_dir, "metrics.jsonl")
+    if start:
+        with open(path + ".tmp", "w") as f:
+            f.writelines(kept)
+        os.replace(path + ".tmp", path)   # a kill here keeps the old log whole
+    return open(path, "a" if start else "w")
 
 
 def advantage_parts(samples, cfg):

@@ -18,7 +18,7 @@ main() runs these numbered sections once per iteration:
                   (ALFWorld's splits at T=0.4), each reported apart (evaluate.py)
   6. log          the metrics line (README, "Metrics"), then at an eval the checkpoint: ckpt/ and
                   model/ never lead the log; wandb, the progress bar
-Below main: the helpers of its sections, then the command line (parse_args) and its checks.
+Below main: the helpers of its sections, then the command line (parse_args; its checks: checks.py).
 """
 import contextlib
 import copy
@@ -28,7 +28,6 @@ import math
 import os
 import random
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 
@@ -38,8 +37,9 @@ from tqdm import tqdm
 
 import gigpo
 import records
-from envs import ENVS, GroupedEnvs, make_env, parse_env_args
-from memory import MEMORIES, make_memory
+from checks import check_config
+from envs import GroupedEnvs, parse_env_args
+from memory import make_memory
 from ppo import logprobs, update
 from prompts import prompt_module
 from tiny import is_tiny
@@ -47,7 +47,7 @@ from evaluate import HELD_OUT, eval_plan, eval_what, evaluate, headline, random_
 from fsdp import (PACKED_ATTN, add_lora, all_finite, all_reduce, attn_implementation, balance_tokens, check_resume,
                   checkpoint_path, dist_on, fail, finish_dist, first_line, full_parameters, load_checkpoint, save,
                   setup_dist, shard)
-from rollout import ENGINES, HFEngine, make_engine, rollout, sync_weights
+from rollout import HFEngine, make_engine, rollout, sync_weights
 
 
 @dataclass
@@ -128,7 +128,6 @@ PRESETS = {
                      lr=1e-6, lr_min=1.0, weight_decay=0.01, kl_coef=0.01, entropy_coef=0.001, mini_batch=256,
                      norm="mean_std_norm", eval_every=10, eval_episodes=140, micro_batch_tokens=16384),
 }
-DEVICES = ("auto", "cpu", "cuda")
 
 
 def main(argv=None):
@@ -137,7 +136,7 @@ def main(argv=None):
     cfg = parse_args(sys.argv[1:] if argv is None else argv)
     check_config(cfg)
     meta = check_resume(cfg) if cfg.resume else None
-    kept = kept_log(os.path.join(cfg.out_dir, "metrics.jsonl"), meta["iteration"]) if meta else []
+    kept = records.kept_log(os.path.join(cfg.out_dir, "metrics.jsonl"), meta["iteration"]) if meta else []
     rank, world, device = setup_dist(cfg)
     if cfg.n_groups % world:
         fail(f"--n_groups {cfg.n_groups} must divide over {world} ranks (each owns whole groups)")
@@ -165,7 +164,7 @@ def main(argv=None):
     baseline = random_policy_success(cfg, eval_envs) if rank == 0 else None
     print0(f"random policy on the eval episodes ({eval_what(cfg).split(',')[0]}): success "
            f"{baseline and success_text(baseline)}")
-    log = open_metrics_log(cfg, kept, start) if rank == 0 else None
+    log = records.open_metrics_log(cfg, kept, start) if rank == 0 else None
     wandb = open_wandb(cfg) if cfg.wandb and rank == 0 else None
     episode_log = records.EpisodeLog(cfg.out_dir, cfg.log_mb, start) if rank == 0 else None
     shown = []   # this iteration's recorded training episodes: wandb's table at the next eval
@@ -306,18 +305,6 @@ def make_optimizer(cfg, model, device):
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda it: cfg.lr_min + (1 - cfg.lr_min) * 0.5 * (
         1 + math.cos(math.pi * min(it, cfg.iterations) / cfg.iterations)))
     return opt, sched
-
-
-def open_metrics_log(cfg, kept, start):
-    """out_dir/metrics.jsonl, open to append (rank 0). A fresh run starts it empty; a resumed one keeps
-    the lines of the iterations its checkpoint holds (`kept`, from kept_log) and drops the rest."""
-    os.makedirs(cfg.out_dir, exist_ok=True)
-    path = os.path.join(cfg.out_dir, "metrics.jsonl")
-    if start:
-        with open(path + ".tmp", "w") as f:
-            f.writelines(kept)
-        os.replace(path + ".tmp", path)   # a kill here keeps the old log whole
-    return open(path, "a" if start else "w")
 
 
 def open_wandb(cfg):
@@ -476,122 +463,6 @@ def parse_args(argv):
             fail(f"--{key} wants a {kind.__name__}, got {value!r}")
         i += 1
     return cfg
-
-
-def check_config(cfg):
-    """Bad input -> one line that names the flag, before any heavy work (and before metrics.jsonl
-    is touched): a value that would only fail later would do so after minutes, mid-run."""
-    bad = fail
-    for f in dataclasses.fields(cfg):   # nan / inf in any float flag ends as NaN weights
-        value = getattr(cfg, f.name)
-        if isinstance(value, float) and not math.isfinite(value):
-            bad(f"--{f.name} {value}: must be a finite number")
-    for flag, names in (("env", ENVS), ("memory", MEMORIES), ("algo", gigpo.ALGOS), ("norm", gigpo.NORMS),
-                        ("stats", gigpo.STATS), ("engine", ENGINES), ("device", DEVICES)):
-        if getattr(cfg, flag) not in names:
-            bad(f"unknown {flag} {getattr(cfg, flag)!r}: use --{flag} with one of {', '.join(names)}")
-    try:
-        prompt_module(cfg.env, variant=cfg.prompt)
-    except ValueError as e:
-        bad(str(e))
-    try:
-        env_args = parse_env_args(cfg.env, cfg.env_args)
-        if env_args and cfg.env == "treasure":  # cheap to build: check the values too
-            make_env(cfg.env, **env_args)
-        if env_args and cfg.env == "sokoban":   # and generate one room (too many boxes for the room fail there)
-            make_env(cfg.env, **env_args).reset(0)
-    except ModuleNotFoundError as e:   # the env's own package (alfworld) is not installed
-        bad(f"--env {cfg.env} needs the package {e.name!r}: pip install -r requirements.txt")
-    except (ValueError, TypeError) as e:
-        bad(str(e) if str(e).startswith("--env_args") else f"--env_args {cfg.env_args!r}: {e}")
-    if cfg.group_size < 2:
-        bad(f"--group_size {cfg.group_size}: {cfg.algo} compares the envs of a group, use >= 2")
-    if cfg.n_groups < 1 or cfg.iterations < 1 or cfg.max_response_tokens < 1:
-        bad("--n_groups, --iterations and --max_response_tokens must be >= 1")
-    if cfg.mini_batch < 1 or cfg.micro_batch_tokens < 1:
-        bad(f"--mini_batch {cfg.mini_batch} and --micro_batch_tokens {cfg.micro_batch_tokens} must be >= 1")
-    if cfg.lora_rank < 0:
-        bad(f"--lora_rank {cfg.lora_rank} must be >= 0 (0 = full fine-tuning)")
-    for name in ("eval_every", "eval_episodes", "threads", "ppo_epochs"):
-        if getattr(cfg, name) < 1:
-            bad(f"--{name} {getattr(cfg, name)} must be >= 1")
-    for name in ("memory_k", "env_workers", "train_seeds", "peak_tflops", "kl_coef", "weight_decay", "lr_min"):
-        if getattr(cfg, name) < 0:
-            bad(f"--{name} {getattr(cfg, name)} must be >= 0")
-    if not cfg.temperature > 0:
-        bad(f"--temperature {cfg.temperature} must be > 0: rollouts sample at it and the trainer divides "
-            f"the logits by it (greedy is for evaluation: --eval_temperature 0)")
-    if cfg.eval_temperature < 0:
-        bad(f"--eval_temperature {cfg.eval_temperature} must be >= 0 (0 = greedy)")
-    if not 0 < cfg.top_p <= 1:
-        bad(f"--top_p {cfg.top_p} must be in (0, 1]")
-    if not cfg.lr > 0:
-        bad(f"--lr {cfg.lr} must be > 0")
-    if not 0 <= cfg.gamma <= 1:
-        bad(f"--gamma {cfg.gamma} must be in [0, 1]")
-    if not cfg.grad_clip > 0 or not cfg.clip > 0:
-        bad(f"--grad_clip {cfg.grad_clip} and --clip {cfg.clip} must be > 0")
-    if cfg.dual_clip and not cfg.dual_clip > 1:
-        bad(f"--dual_clip {cfg.dual_clip} must be > 1 (0 = off)")
-    if cfg.model == "tiny" and (min(cfg.tiny_hidden, cfg.tiny_layers, cfg.tiny_heads) < 1
-                                or cfg.tiny_hidden % cfg.tiny_heads):
-        bad(f"--tiny_heads {cfg.tiny_heads} must divide --tiny_hidden {cfg.tiny_hidden} (and --tiny_hidden, "
-            f"--tiny_layers {cfg.tiny_layers}, --tiny_heads must be >= 1)")
-    if cfg.lora_rank:
-        import importlib.util
-        if importlib.util.find_spec("peft") is None:
-            bad("--lora_rank needs the package 'peft': pip install -r requirements.txt")
-    if not cfg.tis_cap >= 0 or math.isinf(cfg.tis_cap):
-        bad(f"--tis_cap {cfg.tis_cap} must be a finite number >= 0 (0 = off; a typical cap is 2)")
-    if not 0 <= cfg.similarity <= 1:
-        bad(f"--similarity {cfg.similarity} must be in [0, 1] (0 = exact anchor match)")
-    if cfg.log_groups < 0 or cfg.log_mb < 1:
-        bad(f"--log_groups {cfg.log_groups} must be >= 0 and --log_mb {cfg.log_mb} >= 1")
-    if cfg.kv_cache_mb < 1 or not 0 <= cfg.gpu_memory_utilization < 1:
-        bad("--kv_cache_mb must be >= 1 and --gpu_memory_utilization in [0, 1)")
-    if cfg.device not in ("auto", "cpu", "cuda"):
-        bad(f"unknown device {cfg.device!r}: use --device auto, cpu or cuda")
-    if cfg.device == "cuda" and not torch.cuda.is_available():
-        bad("--device cuda but no GPU is visible; use --device cpu")
-    if cfg.eval_only and cfg.model == "tiny":
-        bad("--eval_only evaluates a saved or hub model: give --model NAME_OR_PATH")
-    try:  # also: the env's data is there (ALFWorld lists its games here); --eval_sets names exist
-        eval_plan(cfg)
-    except (FileNotFoundError, ValueError) as e:
-        bad(str(e))
-    if not cfg.eval_only:   # out_dir is written from the first iteration on: a folder we can write
-        if os.path.exists(cfg.out_dir) and not os.path.isdir(cfg.out_dir):
-            bad(f"--out_dir {cfg.out_dir} is a file, not a folder")
-        try:
-            os.makedirs(cfg.out_dir, exist_ok=True)
-            tempfile.TemporaryFile(dir=cfg.out_dir).close()
-        except OSError as e:
-            bad(f"--out_dir {cfg.out_dir}: cannot write there ({e.strerror or first_line(e)})")
-    if cfg.model != "tiny":   # last: a hub name is looked up (with retries when offline)
-        if (os.path.isabs(cfg.model) or cfg.model.startswith(".")) and not os.path.isdir(cfg.model):
-            bad(f"--model {cfg.model}: no such folder (give a saved model folder or a hub name)")
-        from transformers import AutoConfig
-        try:
-            AutoConfig.from_pretrained(cfg.model)
-        except Exception as e:   # transformers and the hub client say "not found" in many types
-            bad(f"--model {cfg.model}: {first_line(e)}")
-
-
-def kept_log(path, upto):
-    """The lines of metrics.jsonl up to iteration `upto` (the checkpoint's; resume redoes the rest).
-    A half-written last line (a kill mid-write) is dropped; a damaged line before it is an error."""
-    lines = open(path).readlines() if os.path.exists(path) else []
-    kept = []
-    for k, line in enumerate(lines):
-        try:
-            it = json.loads(line)["iteration"]
-        except (ValueError, KeyError, TypeError):
-            if k == len(lines) - 1:
-                break
-            fail(f"--resume: line {k + 1} of {path} is not a metrics line; remove it or use another --out_dir")
-        if it <= upto:
-            kept.append(line if line.endswith("\n") else line + "\n")
-    return kept
 
 
 def load_model(cfg, device):

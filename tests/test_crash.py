@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import fsdp
+import records
 import train
 
 ARGS = ["--n_groups", "2", "--group_size", "2", "--eval_episodes", "2", "--engine", "hf", "--eval_every", "1",
@@ -153,12 +154,12 @@ def test_metrics_log_on_resume(tmp_path):
     """A half-written last line (a kill mid-write) is dropped; a damaged line before it is one line."""
     log = tmp_path / "metrics.jsonl"
     log.write_text('{"iteration": 1}\n{"iteration": 2}\n{"iteration": 3}\n{"itera')
-    assert train.kept_log(str(log), 2) == ['{"iteration": 1}\n', '{"iteration": 2}\n']
+    assert records.kept_log(str(log), 2) == ['{"iteration": 1}\n', '{"iteration": 2}\n']
     log.write_text('{"iteration": 1}\n{"iteration": 2}')     # complete, but the newline did not make it
-    assert train.kept_log(str(log), 2) == ['{"iteration": 1}\n', '{"iteration": 2}\n']
+    assert records.kept_log(str(log), 2) == ['{"iteration": 1}\n', '{"iteration": 2}\n']
     log.write_text('{"iteration": 1}\ngarbage\n{"iteration": 3}\n')
     with pytest.raises(SystemExit) as e:
-        train.kept_log(str(log), 3)
+        records.kept_log(str(log), 3)
     one_line_error(e, "--resume", "line 2")
 
 

@@ -1,0 +1,121 @@
+"""The one-line checks of a run's flags (train.py's Config), before any heavy work.
+
+A bad value that would only fail later would do so after minutes, mid-run, or as a stack trace:
+here every bad input stops the run with one line that names the flag to change, before
+metrics.jsonl is touched. The tests feed it bad flags (tests/test_train.py and each env's tests).
+"""
+import dataclasses
+import math
+import os
+import tempfile
+
+import torch
+
+import gigpo
+from envs import ENVS, make_env, parse_env_args
+from evaluate import eval_plan
+from fsdp import fail, first_line
+from memory import MEMORIES
+from prompts import prompt_module
+from rollout import ENGINES
+
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def check_config(cfg):
+    """Bad input -> one line that names the flag, before any heavy work (and before metrics.jsonl
+    is touched): a value that would only fail later would do so after minutes, mid-run."""
+    bad = fail
+    for f in dataclasses.fields(cfg):   # nan / inf in any float flag ends as NaN weights
+        value = getattr(cfg, f.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            bad(f"--{f.name} {value}: must be a finite number")
+    for flag, names in (("env", ENVS), ("memory", MEMORIES), ("algo", gigpo.ALGOS), ("norm", gigpo.NORMS),
+                        ("stats", gigpo.STATS), ("engine", ENGINES), ("device", DEVICES)):
+        if getattr(cfg, flag) not in names:
+            bad(f"unknown {flag} {getattr(cfg, flag)!r}: use --{flag} with one of {', '.join(names)}")
+    try:
+        prompt_module(cfg.env, variant=cfg.prompt)
+    except ValueError as e:
+        bad(str(e))
+    try:
+        env_args = parse_env_args(cfg.env, cfg.env_args)
+        if env_args and cfg.env == "treasure":  # cheap to build: check the values too
+            make_env(cfg.env, **env_args)
+        if env_args and cfg.env == "sokoban":   # and generate one room (too many boxes for the room fail there)
+            make_env(cfg.env, **env_args).reset(0)
+    except ModuleNotFoundError as e:   # the env's own package (alfworld) is not installed
+        bad(f"--env {cfg.env} needs the package {e.name!r}: pip install -r requirements.txt")
+    except (ValueError, TypeError) as e:
+        bad(str(e) if str(e).startswith("--env_args") else f"--env_args {cfg.env_args!r}: {e}")
+    if cfg.group_size < 2:
+        bad(f"--group_size {cfg.group_size}: {cfg.algo} compares the envs of a group, use >= 2")
+    if cfg.n_groups < 1 or cfg.iterations < 1 or cfg.max_response_tokens < 1:
+        bad("--n_groups, --iterations and --max_response_tokens must be >= 1")
+    if cfg.mini_batch < 1 or cfg.micro_batch_tokens < 1:
+        bad(f"--mini_batch {cfg.mini_batch} and --micro_batch_tokens {cfg.micro_batch_tokens} must be >= 1")
+    if cfg.lora_rank < 0:
+        bad(f"--lora_rank {cfg.lora_rank} must be >= 0 (0 = full fine-tuning)")
+    for name in ("eval_every", "eval_episodes", "threads", "ppo_epochs"):
+        if getattr(cfg, name) < 1:
+            bad(f"--{name} {getattr(cfg, name)} must be >= 1")
+    for name in ("memory_k", "env_workers", "train_seeds", "peak_tflops", "kl_coef", "weight_decay", "lr_min"):
+        if getattr(cfg, name) < 0:
+            bad(f"--{name} {getattr(cfg, name)} must be >= 0")
+    if not cfg.temperature > 0:
+        bad(f"--temperature {cfg.temperature} must be > 0: rollouts sample at it and the trainer divides "
+            f"the logits by it (greedy is for evaluation: --eval_temperature 0)")
+    if cfg.eval_temperature < 0:
+        bad(f"--eval_temperature {cfg.eval_temperature} must be >= 0 (0 = greedy)")
+    if not 0 < cfg.top_p <= 1:
+        bad(f"--top_p {cfg.top_p} must be in (0, 1]")
+    if not cfg.lr > 0:
+        bad(f"--lr {cfg.lr} must be > 0")
+    if not 0 <= cfg.gamma <= 1:
+        bad(f"--gamma {cfg.gamma} must be in [0, 1]")
+    if not cfg.grad_clip > 0 or not cfg.clip > 0:
+        bad(f"--grad_clip {cfg.grad_clip} and --clip {cfg.clip} must be > 0")
+    if cfg.dual_clip and not cfg.dual_clip > 1:
+        bad(f"--dual_clip {cfg.dual_clip} must be > 1 (0 = off)")
+    if cfg.model == "tiny" and (min(cfg.tiny_hidden, cfg.tiny_layers, cfg.tiny_heads) < 1
+                                or cfg.tiny_hidden % cfg.tiny_heads):
+        bad(f"--tiny_heads {cfg.tiny_heads} must divide --tiny_hidden {cfg.tiny_hidden} (and --tiny_hidden, "
+            f"--tiny_layers {cfg.tiny_layers}, --tiny_heads must be >= 1)")
+    if cfg.lora_rank:
+        import importlib.util
+        if importlib.util.find_spec("peft") is None:
+            bad("--lora_rank needs the package 'peft': pip install -r requirements.txt")
+    if not cfg.tis_cap >= 0 or math.isinf(cfg.tis_cap):
+        bad(f"--tis_cap {cfg.tis_cap} must be a finite number >= 0 (0 = off; a typical cap is 2)")
+    if not 0 <= cfg.similarity <= 1:
+        bad(f"--similarity {cfg.similarity} must be in [0, 1] (0 = exact anchor match)")
+    if cfg.log_groups < 0 or cfg.log_mb < 1:
+        bad(f"--log_groups {cfg.log_groups} must be >= 0 and --log_mb {cfg.log_mb} >= 1")
+    if cfg.kv_cache_mb < 1 or not 0 <= cfg.gpu_memory_utilization < 1:
+        bad("--kv_cache_mb must be >= 1 and --gpu_memory_utilization in [0, 1)")
+    if cfg.device not in ("auto", "cpu", "cuda"):
+        bad(f"unknown device {cfg.device!r}: use --device auto, cpu or cuda")
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        bad("--device cuda but no GPU is visible; use --device cpu")
+    if cfg.eval_only and cfg.model == "tiny":
+        bad("--eval_only evaluates a saved or hub model: give --model NAME_OR_PATH")
+    try:  # also: the env's data is there (ALFWorld lists its games here); --eval_sets names exist
+        eval_plan(cfg)
+    except (FileNotFoundError, ValueError) as e:
+        bad(str(e))
+    if not cfg.eval_only:   # out_dir is written from the first iteration on: a folder we can write
+        if os.path.exists(cfg.out_dir) and not os.path.isdir(cfg.out_dir):
+            bad(f"--out_dir {cfg.out_dir} is a file, not a folder")
+        try:
+            os.makedirs(cfg.out_dir, exist_ok=True)
+            tempfile.TemporaryFile(dir=cfg.out_dir).close()
+        except OSError as e:
+            bad(f"--out_dir {cfg.out_dir}: cannot write there ({e.strerror or first_line(e)})")
+    if cfg.model != "tiny":   # last: a hub name is looked up (with retries when offline)
+        if (os.path.isabs(cfg.model) or cfg.model.startswith(".")) and not os.path.isdir(cfg.model):
+            bad(f"--model {cfg.model}: no such folder (give a saved model folder or a hub name)")
+        from transformers import AutoConfig
+        try:
+            AutoConfig.from_pretrained(cfg.model)
+        except Exception as e:   # transformers and the hub client say "not found" in many types
+            bad(f"--model {cfg.model}: {first_line(e)}")
