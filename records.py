@@ -19,6 +19,7 @@ import os
 import numpy as np
 
 import gigpo
+from fsdp import fail
 
 PROMPT_CHARS = 4000
 
@@ -34,7 +35,6 @@ def kept_log(path, upto):
         except (ValueError, KeyError, TypeError):
             if k == len(lines) - 1:
                 break
-            from fsdp import fail   # here: the episode viewer imports this module without torch
             fail(f"--resume: line {k + 1} of {path} is not a metrics line; remove it or use another --out_dir")
         if it <= upto:
             kept.append(line if line.endswith("\n") else line + "\n")
