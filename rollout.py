@@ -111,8 +111,10 @@ class VLLMEngine:
     top_p < 1 they are renormalised over the nucleus, the trainer's are not). On CPU: eager, in the
     model's dtype (float32), the configuration measured to match transformers. On GPU: bfloat16, the
     dtype the trainer computes in under FSDP2 (an engine in float32 next to a bf16 trainer is a
-    logp_gap of its own), no torch.compile, and CUDA graphs for the decode steps (prefill is one big
-    batch and runs eager; graphs start in seconds where compiling takes about a minute).
+    logp_gap of its own) and CUDA graphs for the decode steps; prefill runs eager. With compile
+    (--compile 1): vLLM's torch.compile of the model too, and CUDA graphs for prefill and mixed
+    steps (FULL_AND_PIECEWISE); it adds about a minute at start-up (cached for the next run).
+    llm_kwargs go to vllm.LLM as they are (bench.rollout tries scheduler settings with them).
     GPU memory: vLLM takes `gpu_memory_utilization` of the GPU, sized by a start-up profiling run
     that fails when other processes change their GPU memory meanwhile (runs sharing a GPU); with
     gpu_memory_utilization 0 it takes a fixed `kv_cache_mb` cache instead and skips that profiling,
@@ -121,7 +123,7 @@ class VLLMEngine:
     an H200 died of it).
     """
 
-    def __init__(self, model, eos_id, kv_cache_mb, gpu_memory_utilization, sleep=None):
+    def __init__(self, model, eos_id, kv_cache_mb, gpu_memory_utilization, sleep=None, compile=False, **llm_kwargs):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"   # in-process: weights pushed by reference
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # its warnings here are noise (no tokenizer)
         from vllm import LLM, SamplingParams
@@ -138,10 +140,12 @@ class VLLMEngine:
         kw = dict(skip_tokenizer_init=True, load_format="dummy", dtype=model.dtype if cpu else torch.bfloat16,
                   logprobs_mode="processed_logprobs", generation_config="vllm",
                   kv_cache_memory_bytes=kv_cache_mb << 20 if cpu or not gpu_memory_utilization else None,
-                  gpu_memory_utilization=gpu_memory_utilization or 0.01, enable_sleep_mode=not cpu)
+                  gpu_memory_utilization=gpu_memory_utilization or 0.01, enable_sleep_mode=not cpu, **llm_kwargs)
+        graphs = {"mode": 3, "cudagraph_mode": "FULL_AND_PIECEWISE"} if compile else \
+            {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}
         try:   # no second try after a failure on GPU: vLLM's sleep-mode allocator serves one engine per process
             self.llm = LLM(folder, enforce_eager=True, **kw) if cpu else \
-                LLM(folder, compilation_config={"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}, **kw)
+                LLM(folder, compilation_config=graphs, **kw)
         finally:
             torch.set_num_threads = set_threads
             set_threads(threads)
@@ -217,14 +221,14 @@ def sync_weights(engine, named_tensors):
 ENGINES = ("auto", "hf", "vllm")   # --engine
 
 
-def make_engine(kind, model, tokenizer, *, kv_cache_mb, gpu_memory_utilization, copy_dtype=None):
+def make_engine(kind, model, tokenizer, *, kv_cache_mb, gpu_memory_utilization, copy_dtype=None, compile=False):
     """--engine hf | vllm | auto. auto: vLLM where it imports and serves this model, else the
     transformers engine with a one-line warning that says why; vllm: the same failure is an error.
-    copy_dtype: see HFEngine (vLLM always holds its own copy)."""
+    copy_dtype: see HFEngine (vLLM always holds its own copy); compile: VLLMEngine's (GPU only)."""
     if kind == "hf":
         return HFEngine(model, tokenizer, copy_dtype)
     try:
-        return VLLMEngine(model, tokenizer.eos_token_id, kv_cache_mb, gpu_memory_utilization)
+        return VLLMEngine(model, tokenizer.eos_token_id, kv_cache_mb, gpu_memory_utilization, compile=compile)
     except Exception as e:  # vLLM reports bad input as many exception types; we only need the text
         why = (str(e).strip().splitlines() or [type(e).__name__])[0].split(". ")[0]
         if "memory profiling" in why.lower():   # measured: several runs starting at once on one GPU

