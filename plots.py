@@ -12,7 +12,6 @@ and to read its prompt and response. The page embeds the last --max_episodes epi
 """
 import argparse
 import base64
-import io
 import json
 import os
 import sys

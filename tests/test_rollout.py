@@ -94,7 +94,7 @@ class ScriptedEngine:
 
 def test_rollout_records_ids_untouched_and_flags_invalid(tiny_model):
     _, tok = tiny_model
-    up, pad, eos = tok.convert_tokens_to_ids("up"), tok.pad_token_id, tok.eos_token_id
+    up, pad = tok.convert_tokens_to_ids("up"), tok.pad_token_id
     left = tok.convert_tokens_to_ids("left")
 
     def script(call, b):   # env 0 says "up <pad>" (decodes to "up"), env 1 says "up left": invalid
