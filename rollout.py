@@ -114,7 +114,6 @@ class VLLMEngine:
     logp_gap of its own) and CUDA graphs for the decode steps; prefill runs eager. With compile
     (--compile 1): vLLM's torch.compile of the model too, and CUDA graphs for prefill and mixed
     steps (FULL_AND_PIECEWISE); it adds about a minute at start-up (cached for the next run).
-    llm_kwargs go to vllm.LLM as they are (bench.rollout tries scheduler settings with them).
     GPU memory: vLLM takes `gpu_memory_utilization` of the GPU, sized by a start-up profiling run
     that fails when other processes change their GPU memory meanwhile (runs sharing a GPU); with
     gpu_memory_utilization 0 it takes a fixed `kv_cache_mb` cache instead and skips that profiling,
@@ -123,7 +122,7 @@ class VLLMEngine:
     an H200 died of it).
     """
 
-    def __init__(self, model, eos_id, kv_cache_mb, gpu_memory_utilization, sleep=None, compile=False, **llm_kwargs):
+    def __init__(self, model, eos_id, kv_cache_mb, gpu_memory_utilization, sleep=None, compile=False):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"   # in-process: weights pushed by reference
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # its warnings here are noise (no tokenizer)
         from vllm import LLM, SamplingParams
@@ -140,7 +139,8 @@ class VLLMEngine:
         kw = dict(skip_tokenizer_init=True, load_format="dummy", dtype=model.dtype if cpu else torch.bfloat16,
                   logprobs_mode="processed_logprobs", generation_config="vllm",
                   kv_cache_memory_bytes=kv_cache_mb << 20 if cpu or not gpu_memory_utilization else None,
-                  gpu_memory_utilization=gpu_memory_utilization or 0.01, enable_sleep_mode=not cpu, **llm_kwargs)
+                  gpu_memory_utilization=gpu_memory_utilization or 0.01, enable_sleep_mode=not cpu)
+        # vLLM's compilation modes: 3 = its torch.compile pipeline, 0 = none (graphs still captured)
         graphs = {"mode": 3, "cudagraph_mode": "FULL_AND_PIECEWISE"} if compile else \
             {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}
         try:   # no second try after a failure on GPU: vLLM's sleep-mode allocator serves one engine per process

