@@ -58,8 +58,7 @@ def policy_success(policy, states, max_steps=10):
     table (an invalid entry is a no-op, as in the env)."""
     env, wins = TreasureHunt(size=5, max_steps=max_steps), 0
     for a, b in states:
-        env.reset(seed=0)
-        env.pos, env.treasure, env.walls = a, b, set()
+        env.reset(seed=0, options={"start": a, "treasure": b})
         done = won = False
         while not done:
             _, _, won, trunc, _ = env.step(policy[(env.pos, b)])

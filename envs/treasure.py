@@ -43,12 +43,19 @@ class TreasureHunt(gymnasium.Env):
 
     def reset(self, seed=None, options=None):
         """reset(seed) or reset(seed=...): the grid depends on the seed alone (python's Random, as
-        always); without one, a seed drawn from the env's np_random (gymnasium's convention)."""
+        always); without one, a seed drawn from the env's np_random (gymnasium's convention).
+        options={"start": (r, c), "treasure": (r, c)} starts from that state instead, with no walls
+        (bench/sft.py plays every start/treasure pair this way)."""
         super().reset(seed=seed)
         rng = random.Random(seed if seed is not None else int(self.np_random.integers(2**62)))
         cells = [(r, c) for r in range(self.size) for c in range(self.size)]
         picks = rng.sample(cells, 2 + self.n_walls)
         self.pos, self.treasure, self.walls = picks[0], picks[1], set(picks[2:])
+        if options and {"start", "treasure"} <= set(options):
+            self.pos, self.treasure, self.walls = tuple(options["start"]), tuple(options["treasure"]), set()
+            if not all(0 <= x < self.size for x in (*self.pos, *self.treasure)) or self.pos == self.treasure:
+                raise ValueError(f"treasure: start {self.pos} and treasure {self.treasure} must be two different "
+                                 f"cells of the {self.size}x{self.size} grid")
         self.steps = 0
         return self._obs(), self._info(won=False)
 

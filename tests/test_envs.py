@@ -9,8 +9,7 @@ from prompts.treasure import parse
 
 def test_treasure_moves_and_borders():
     env = TreasureHunt(size=5, max_steps=10, progress=0.0)   # the sparse game
-    obs, info = env.reset(seed=1)
-    env.pos, env.treasure = (0, 0), (2, 1)
+    env.reset(seed=1, options={"start": (0, 0), "treasure": (2, 1)})
     assert env.step("up")[0].startswith("at (0, 0)")       # border: stays
     assert env.step("left")[0].startswith("at (0, 0)")
     assert env.step("down")[0].startswith("at (1, 0)")
@@ -24,21 +23,18 @@ def test_treasure_moves_and_borders():
 def test_treasure_progress_reward():
     """+progress per step towards the treasure, -progress away, 0 for a bump; 1 more on the win."""
     env = TreasureHunt(size=5, max_steps=10, progress=0.1)
-    env.reset(seed=1)
-    env.pos, env.treasure = (0, 0), (1, 1)
+    env.reset(seed=1, options={"start": (0, 0), "treasure": (1, 1)})
     rewards = [env.step(a)[1] for a in ("up", "right", "left", "dance", "right", "down")]
     assert rewards == pytest.approx([0.0, 0.1, -0.1, 0.0, 0.1, 1.1])
     # a whole episode's progress sums to progress x (start distance - end distance): potential-based
-    env.reset(seed=2)
-    env.pos, env.treasure = (4, 4), (0, 0)
+    env.reset(seed=2, options={"start": (4, 4), "treasure": (0, 0)})
     total = sum(env.step(a)[1] for a in ("up", "left", "down", "up", "up"))
     assert total == pytest.approx(0.1 * (8 - 5))
 
 
 def test_treasure_truncates_and_has_no_step_counter():
     env = TreasureHunt(size=5, max_steps=3)
-    obs0, _ = env.reset(seed=7)
-    env.pos, env.treasure = (0, 0), (4, 4)
+    env.reset(seed=7, options={"start": (0, 0), "treasure": (4, 4)})
     seen = [env.step(a)[0] for a in ("up", "up")]
     assert seen[0] == seen[1]                      # same state, same text: anchors recur
     assert env.step("up")[3] is True               # truncated at max_steps
@@ -48,6 +44,15 @@ def test_reset_depends_on_seed_only():
     a, b = TreasureHunt(), TreasureHunt()
     assert a.reset(5)[0] == b.reset(5)[0]
     assert len({TreasureHunt().reset(s)[0] for s in range(50)}) > 30
+
+
+def test_reset_from_a_given_state():
+    env = TreasureHunt(walls=3)
+    obs, _ = env.reset(seed=3, options={"start": (1, 2), "treasure": (4, 0)})
+    assert obs.startswith("at (1, 2) treasure (4, 0)") and "wall" not in obs
+    for bad in ({"start": (1, 2), "treasure": (1, 2)}, {"start": (5, 0), "treasure": (0, 0)}):
+        with pytest.raises(ValueError, match="two different cells"):
+            env.reset(seed=3, options=bad)
 
 
 def test_random_and_optimal_baselines():
