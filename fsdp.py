@@ -139,7 +139,8 @@ def all_reduce(x, op="sum"):
 def shard(model, device, grad_ckpt=False, reshard_after_forward=None, compile_layers=False):
     """FSDP2: each decoder layer is its own unit, then the root (embeddings, head). On GPU, bf16
     parameters and compute with fp32 gradient reduction; the sharded fp32 master weights are what
-    AdamW updates, so its state is fp32 too. A no-op without a process group (plain CPU run).
+    AdamW updates, so its state is fp32 too. Without a process group (plain CPU run) only grad_ckpt
+    and compile_layers apply.
     reshard_after_forward (None = only when the world has several ranks): free each gathered layer
     after its forward and gather it again for the backward. In a world of one rank there is nothing
     to save (its shard is the whole layer) and the second gather costs time: SmolLM2-135M's update
