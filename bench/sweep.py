@@ -6,9 +6,17 @@ markdown table (success, iterations and wall time to reach a bar, final held-out
 Each run gets `--threads` torch threads and its own out dir under --out; its metrics.jsonl is read
 back. Wall times are those of the machine and the parallelism the command ran with: compare
 configs only within one sweep.
+
+Below the table, every other config is compared with the first, seed by seed as two samples: the
+difference of mean final held-out success with a 95% bootstrap interval (10,000 resamples of each
+config's seeds), and a two-sided Mann-Whitney U test on the finals and on the iterations to the bar
+(a run that never reached it ranks last). Its p is exact (all splits of the pooled seeds into two
+sets of the configs' sizes, ties at mid-rank) up to 200,000 splits, and from 200,000 random ones above.
 """
 import argparse
+import itertools
 import json
+import math
 import os
 import shlex
 import subprocess
@@ -42,7 +50,8 @@ def summarise(name, runs, bar):
         hit = next((m for m in ms if (m.get("eval_success") or 0) >= bar), None)
         rows.append({"final": evals[-1]["eval_success"] if evals else float("nan"),   # a stopped run: its last eval
                      "it_bar": hit["iteration"] if hit else None, "wall_bar": hit["wall"] if hit else None,
-                     "wall": ms[-1]["wall"] if ms else float("nan"), "peak": max([m["eval_success"] for m in evals] or [0])})
+                     "wall": ms[-1]["wall"] if ms else float("nan"), "peak": max([m["eval_success"] for m in evals] or [0]),
+                     "last": ms[-1]["iteration"] if ms else 0})
     fin = np.array([r["final"] for r in rows])
     reached = [r for r in rows if r["it_bar"] is not None]
     its = np.array([r["it_bar"] for r in reached], float)
@@ -51,6 +60,56 @@ def summarise(name, runs, bar):
     print(f"| {name} | {len(reached)}/{len(rows)} | {fmt(its, 0)} | {fmt(walls, 0)} | {fmt(fin, 3)} | "
           f"{sum(f >= 0.9 for f in fin)}/{len(rows)} | {np.mean([r['wall'] for r in rows]):.0f} | "
           f"{' '.join(f'{f:.2f}' for f in fin)} |")
+    return rows
+
+
+def mann_whitney(a, b, max_splits=200_000, seed=0):
+    """Two-sided Mann-Whitney U test of samples a and b -> (U of a, p).
+
+    U = (sum of a's ranks in the pooled sample) - n_a (n_a + 1) / 2, ties at their mid-rank. p = share
+    of the splits of the pooled sample into n_a and n_b values whose |U - n_a n_b / 2| is at least the
+    observed one: every split when there are at most max_splits, else max_splits random ones."""
+    x = np.concatenate([np.asarray(a, float), np.asarray(b, float)])
+    values, inverse, counts = np.unique(x, return_inverse=True, return_counts=True)
+    ranks = (np.cumsum(counts) - (counts - 1) / 2)[inverse]          # 1-based mid-ranks
+    na, n = len(a), len(x)
+    if na == 0 or na == n:
+        return float("nan"), float("nan")
+    if math.comb(n, na) <= max_splits:
+        picks = np.array(list(itertools.combinations(range(n), na)))
+    else:
+        rng = np.random.default_rng(seed)
+        picks = np.argsort(rng.random((max_splits, n)), axis=1)[:, :na]
+    u_all = ranks[picks].sum(1) - na * (na + 1) / 2
+    u = ranks[:na].sum() - na * (na + 1) / 2
+    centre = na * (n - na) / 2
+    return float(u), float(np.mean(np.abs(u_all - centre) >= abs(u - centre) - 1e-9))
+
+
+def bootstrap_diff(a, b, n=10_000, seed=0):
+    """mean(a) - mean(b) and its 95% percentile bootstrap interval (each sample resampled apart)."""
+    rng = np.random.default_rng(seed)
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    d = a[rng.integers(len(a), size=(n, len(a)))].mean(1) - b[rng.integers(len(b), size=(n, len(b)))].mean(1)
+    return float(a.mean() - b.mean()), float(np.percentile(d, 2.5)), float(np.percentile(d, 97.5))
+
+
+def compare(name_a, rows_a, name_b, rows_b, bar):
+    """One line per measure: config a against config b over their seeds (see the module docstring)."""
+    fa, fb = [r["final"] for r in rows_a], [r["final"] for r in rows_b]
+    if len(fa) < 2 or len(fb) < 2:
+        return
+    d, lo, hi = bootstrap_diff(fa, fb)
+    u, p = mann_whitney(fa, fb)
+    print(f"{name_b} - {name_a}: final held-out success {d:+.3f} (95% bootstrap CI {lo:+.3f} .. {hi:+.3f}); "
+          f"Mann-Whitney U = {u:.1f}, p = {p:.3f} (n = {len(fb)}, {len(fa)})")
+    never = 1 + max([r["last"] for r in rows_a + rows_b] + [0])             # never reached: ranks last
+    ia = [r["it_bar"] if r["it_bar"] is not None else never for r in rows_a]
+    ib = [r["it_bar"] if r["it_bar"] is not None else never for r in rows_b]
+    u, p = mann_whitney(ib, ia)
+    med = lambda x: "never" if np.median(x) >= never else f"{np.median(x):.0f}"   # noqa: E731
+    print(f"{name_b} - {name_a}: iterations to {bar}: median {med(ib)} vs {med(ia)}; Mann-Whitney U = {u:.1f}, "
+          f"p = {p:.3f}")
 
 
 def main():
@@ -76,8 +135,12 @@ def main():
             done = list(pool.map(lambda kj: run_one(kj[0], *kj[1], args), enumerate(jobs)))
     print(f"\n| config | reached {args.bar} | iterations to {args.bar} | seconds to {args.bar} | final held-out "
           f"success | final >= 0.9 | run seconds | finals |\n|---|---|---|---|---|---|---|---|")
-    for name, _ in runs:
-        summarise(name, [out for n, _, out in done if n == name], args.bar)
+    rows = {name: summarise(name, [out for n, _, out in done if n == name], args.bar) for name, _ in runs}
+    first, *others = list(rows)
+    if others:
+        print()
+    for other in others:
+        compare(first, rows[first], other, rows[other], args.bar)
 
 
 if __name__ == "__main__":

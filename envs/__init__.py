@@ -45,6 +45,7 @@ class TextSpace(gymnasium.spaces.Space):
 
 ENVS = {  # name -> (module, class, default kwargs)
     "treasure": ("envs.treasure", "TreasureHunt", {}),
+    "keydoor": ("envs.keydoor", "KeyDoor", {}),
     "alfworld": ("envs.alfworld", "ALFWorld", {}),
     "sokoban": ("envs.sokoban", "Sokoban", {}),
     "webshop": ("envs.webshop", "WebShop", {}),

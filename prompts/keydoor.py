@@ -1,0 +1,38 @@
+"""Prompt and parser for the key-and-door game (envs/keydoor.py).
+
+`build` is the terse one the tiny model is trained on: the observation itself (plus any memory).
+`build_chat` is for a pretrained chat model: the rules, the state in words with the offset to the
+current target (the key, then the door), and the four answers in an order drawn from the state (a
+chat model tends to copy the first option listed: prompts/treasure.py). The parsers are the
+treasure hunt's: one admissible word, the chat one forgiving case, quotes and a final full stop.
+"""
+import random
+import re
+
+from prompts.treasure import offsets, parse, parse_chat  # noqa: F401  (this env's parsers)
+
+RULES = ("You are in a grid of rooms. Positions are (row, column): row 0 is the top row and rows count "
+         "downwards; column 0 is the left column. Moves: up (row - 1), down (row + 1), left (column - 1), "
+         "right (column + 1). A move into the edge of the grid or a wall leaves you where you are. First walk "
+         "onto the key to pick it up, then walk onto the door to open it, in as few moves as you can.")
+
+
+def build(task, history_text, obs, admissible, step):
+    history = f"{history_text} " if history_text else ""
+    return [{"role": "user", "content": f"{history}{obs}"}]
+
+
+def build_chat(task, history_text, obs, admissible, step):
+    cells = re.findall(r"(at|key|door|wall) \((\d+), (\d+)\)", obs)
+    pos = {k: (r, c) for k, r, c in cells if k != "wall"}
+    target = "key" if "key" in pos else "door"
+    walls = [f"({r}, {c})" for k, r, c in cells if k == "wall"]
+    here = f"row {pos['at'][0]}, column {pos['at'][1]}" if "at" in pos else "?"
+    where = f"row {pos[target][0]}, column {pos[target][1]}" if target in pos else "?"
+    rel = offsets([("at", *pos["at"]), ("treasure", *pos[target])]) if "at" in pos and target in pos else ""
+    held = "You have the key. " if "have key" in obs else ""
+    state = (f"You are at {here}. {held}The {target} is at {where}{rel}."
+             + (f" Walls: {', '.join(walls)}." if walls else ""))
+    memory = f"\nMemory: {history_text}" if history_text else ""
+    a, b, c, d = random.Random(obs).sample(["up", "down", "left", "right"], 4)  # same state, same order
+    return [{"role": "user", "content": f"{RULES}{memory}\n{state}\nAnswer with one word: {a}, {b}, {c} or {d}."}]
