@@ -10,7 +10,9 @@ GiGPO would have made of them, and the reverse). Runs named NAME-sSEED are poole
   * step groups: share of samples in a step group of size 1 (A^S = 0 there), the share of step
     groups of size 1 (the paper's statistic), and the mean step-group size a sample sits in;
   * sign disagreement: among samples where both A^E and A^S are non-zero, the share whose signs
-    differ (GiGPO tells those steps the opposite of what their episode says);
+    differ (GiGPO tells those steps the opposite of what their episode says); and the share of
+    samples with A^E = 0 (their group's episodes all scored alike: GRPO learns nothing from them)
+    but A^S != 0 (GiGPO still does);
   * the decisive steps of the key-and-door game (envs/keydoor.py): the step that picks up the key,
     and every step towards the current target (`keydoor.good_moves`) against the valid steps that are
     not: the mean advantage each algorithm gives them, in won and in lost episodes, and the
@@ -66,7 +68,8 @@ def report(name, rows):
     out = {"name": name, "samples": len(rows), "singleton_samples": float(np.mean(size == 1)),
            "singleton_groups": float(np.sum(size == 1) / np.sum(1 / size)),   # a group of s samples adds s x 1/s
            "mean_group_size": float(np.mean(size)),
-           "sign_disagree": float(np.mean(np.sign(a_e[both]) != np.sign(a_s[both]))) if both.any() else float("nan")}
+           "sign_disagree": float(np.mean(np.sign(a_e[both]) != np.sign(a_s[both]))) if both.any() else float("nan"),
+           "step_only": float(np.mean((a_e == 0) & (a_s != 0)))}
     adv = {"grpo": a_e, "gigpo": a_e + a_s}
     if any(r["keydoor"] for r in rows):
         won = np.array([r["won"] for r in rows])
@@ -100,17 +103,17 @@ def main(argv=None):
     print(f"training episodes of iterations {args.iterations[0]}-{args.iterations[1]}; A^S recomputed "
           f"(norm {args.norm}, omega {args.omega}); GRPO's A = A^E, GiGPO's A = A^E + A^S, on the same samples\n")
     print("| runs | samples | in a singleton step group | singleton step groups | mean step-group size "
-          "| sign(A^S) != sign(A^E) |\n|---|---|---|---|---|---|")
+          "| sign(A^S) != sign(A^E) | A^E = 0, A^S != 0 |\n|---|---|---|---|---|---|---|")
     for r in results:
         print(f"| {r['name']} | {r['samples']} | {r['singleton_samples']:.3f} | {r['singleton_groups']:.3f} | "
-              f"{r['mean_group_size']:.1f} | {r['sign_disagree']:.3f} |")
+              f"{r['mean_group_size']:.1f} | {r['sign_disagree']:.3f} | {r['step_only']:.3f} |")
     if any("grpo_sep_all" in r for r in results):
         print("\n| runs | advantage | key pickup, won | key pickup, lost | towards - other, won | towards - other, "
               "lost | towards - other, all |\n|---|---|---|---|---|---|---|")
         for r in results:
             for algo in ("grpo", "gigpo"):
-                print(f"| {r['name']} | {algo} | {r[f'{algo}_pickup_won']:+.3f} | {r[f'{algo}_pickup_lost']:+.3f} | "
-                      f"{r[f'{algo}_sep_won']:+.3f} | {r[f'{algo}_sep_lost']:+.3f} | {r[f'{algo}_sep_all']:+.3f} |")
+                cells = [r[f"{algo}_{k}"] for k in ("pickup_won", "pickup_lost", "sep_won", "sep_lost", "sep_all")]
+                print(f"| {r['name']} | {algo} | " + " | ".join("-" if np.isnan(x) else f"{x:+.3f}" for x in cells) + " |")
     return results
 
 

@@ -7,8 +7,8 @@ Each run gets `--threads` torch threads and its own out dir under --out; its met
 back. Wall times are those of the machine and the parallelism the command ran with: compare
 configs only within one sweep.
 
-Below the table, every other config is compared with the first, seed by seed as two samples: the
-difference of mean final held-out success with a 95% bootstrap interval (10,000 resamples of each
+Below the table, the first config is compared with every other one, their seeds as two samples: the
+difference of mean final held-out success (first - other) with a 95% bootstrap interval (10,000 resamples of each
 config's seeds), and a two-sided Mann-Whitney U test on the finals and on the iterations to the bar
 (a run that never reached it ranks last). Its p is exact (all splits of the pooled seeds into two
 sets of the configs' sizes, ties at mid-rank) up to 200,000 splits, and from 200,000 random ones above.
@@ -101,14 +101,14 @@ def compare(name_a, rows_a, name_b, rows_b, bar):
         return
     d, lo, hi = bootstrap_diff(fa, fb)
     u, p = mann_whitney(fa, fb)
-    print(f"{name_b} - {name_a}: final held-out success {d:+.3f} (95% bootstrap CI {lo:+.3f} .. {hi:+.3f}); "
-          f"Mann-Whitney U = {u:.1f}, p = {p:.3f} (n = {len(fb)}, {len(fa)})")
+    print(f"{name_a} - {name_b}: final held-out success {d:+.3f} (95% bootstrap CI {lo:+.3f} .. {hi:+.3f}); "
+          f"Mann-Whitney U = {u:.1f}, p = {p:.3f} (n = {len(fa)}, {len(fb)})")
     never = 1 + max([r["last"] for r in rows_a + rows_b] + [0])             # never reached: ranks last
     ia = [r["it_bar"] if r["it_bar"] is not None else never for r in rows_a]
     ib = [r["it_bar"] if r["it_bar"] is not None else never for r in rows_b]
-    u, p = mann_whitney(ib, ia)
+    u, p = mann_whitney(ia, ib)
     med = lambda x: "never" if np.median(x) >= never else f"{np.median(x):.0f}"   # noqa: E731
-    print(f"{name_b} - {name_a}: iterations to {bar}: median {med(ib)} vs {med(ia)}; Mann-Whitney U = {u:.1f}, "
+    print(f"{name_a} vs {name_b}: iterations to {bar}: median {med(ia)} vs {med(ib)}; Mann-Whitney U = {u:.1f}, "
           f"p = {p:.3f}")
 
 
