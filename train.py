@@ -256,6 +256,11 @@ def evaluate_only(cfg, rank, device, eval_envs, prompt):
     if rank == 0:
         print(f"eval-only success {rates and success_text(rates)} ({eval_what(cfg)}; model {cfg.model}, "
               f"prompt {prompt.build.__module__}.{prompt.build.__name__})")
+        if any("/" in k for k in rates):   # named sets: per task type too, and all of it to out_dir/eval.json
+            print("per task type: " + ", ".join(f"{k} {v:.3f}" for k, v in rates.items() if "/" in k))
+        os.makedirs(cfg.out_dir, exist_ok=True)
+        with open(os.path.join(cfg.out_dir, "eval.json"), "w") as f:
+            json.dump(rates, f)
     eval_envs and eval_envs.close()
     finish_dist(engine)
     return rates and headline(rates)
