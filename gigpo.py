@@ -1,7 +1,11 @@
-"""GiGPO advantages and PPO-style losses, on flat per-step arrays.
+"""GiGPO advantages, its baselines' advantages, and PPO-style losses, on flat per-step arrays.
 
 GiGPO = "Group-in-Group Policy Optimization for LLM Agent Training" (Feng et al.
-2025, arXiv 2505.10978). One *sample* is one env step of one trajectory. Every
+2025, arXiv 2505.10978). Its baselines and verl-agent's other estimators: PPO
+with a learned critic and GAE (Schulman et al. 2017, arXiv 1707.06347; 2016,
+arXiv 1506.02438), REINFORCE++ (Hu 2025, arXiv 2501.03262), DAPO's pieces (Yu
+et al. 2025, arXiv 2503.14476), GSPO's sequence ratio (Zheng et al. 2025, arXiv
+2507.18071). One *sample* is one env step of one trajectory. Every
 function below takes flat arrays of length N (one entry per sample), in time
 order inside each trajectory; samples of different trajectories may interleave.
 
@@ -34,7 +38,9 @@ import torch
 
 NORMS = ("mean_norm", "mean_std_norm")
 STATS = ("step", "traj")
-ALGOS = ("gigpo", "grpo", "rloo")
+ALGOS = ("gigpo", "grpo", "rloo", "ppo", "reinforce_pp")
+BATCH_ALGOS = ("ppo", "reinforce_pp")   # statistics over the whole batch, no episode groups
+LOSSES = ("ppo", "gspo")                # token ratio (policy_loss) | sequence ratio (gspo_loss)
 
 
 def _f64(x):
@@ -96,6 +102,61 @@ def step_returns(rewards, traj_ids, valid, gamma, penalty):
     Returns (N,) float64.
     """
     return discounted_returns(rewards, traj_ids, gamma) - penalty * (1.0 - _f64(valid))
+
+
+# --------------------------------------------------------------------------- a learned critic, whole-batch statistics
+def gae_advantage(rewards, values, traj_ids, gamma, lam):
+    """Generalized advantage estimation over the env steps of each trajectory (Schulman et al. 2016,
+    arXiv 1506.02438, eq. 16; PPO, Schulman et al. 2017, eq. 11-12):
+
+      delta_t = r_t + gamma * V(s_{t+1}) - V(s_t)
+      A_t     = delta_t + gamma * lam * A_{t+1}          (= sum_k (gamma lam)^k delta_{t+k})
+
+    rewards, values, traj_ids: (N,), each trajectory's samples in time order (trajectories may
+    interleave). lam = 1: A_t = discounted_returns - V(s_t); lam = 0: A_t = delta_t. A trajectory's
+    last step bootstraps from V = 0 whether it terminated or was cut at max_steps: the other
+    estimators' returns end there too (the treasure hunt shows no step counter, so a cut is a small
+    bias either way). Raises ValueError on unequal lengths. Returns (N,) float64.
+    """
+    r, v = _f64(rewards), _f64(values)
+    if len(v) != len(r) or len(traj_ids) != len(r):
+        raise ValueError(f"rewards, values and traj_ids must have one length, got {len(r)}, {len(v)}, "
+                         f"{len(traj_ids)}")
+    out = np.zeros_like(r)
+    after = {}  # traj -> (V, A) of the step after the current one
+    for i in range(len(r) - 1, -1, -1):
+        v_next, a_next = after.get(traj_ids[i], (0.0, 0.0))
+        out[i] = r[i] + gamma * v_next - v[i] + gamma * lam * a_next
+        after[traj_ids[i]] = (v[i], out[i])
+    return out
+
+
+def value_targets(rewards, values, traj_ids, gamma, lam):
+    """The critic's regression targets, the lambda-returns (Schulman et al. 2016, Sec. 5):
+
+      R_t = A^GAE_t + V(s_t)      (lam = 1: the discounted return; lam = 0: r_t + gamma V(s_{t+1}))
+
+    (N,) -> (N,) float64. train.py passes the env rewards (with DAPO's overlong penalty, if on)
+    but not the invalid-action penalty, which shapes the sample's advantage only (compute_advantages).
+    """
+    return gae_advantage(rewards, values, traj_ids, gamma, lam) + _f64(values)
+
+
+def batch_whiten(x, eps=1e-6):
+    """Normalisation over the whole batch, no per-group baseline:
+
+      A_i = (x_i - mean) / (std + eps),   mean, std (unbiased) over all N samples
+
+    REINFORCE++ (Hu 2025, arXiv 2501.03262, Sec. 3: the discounted returns, normalised over the
+    global batch) and PPO's advantage normalisation (Schulman et al. 2017; OpenAI baselines and
+    verl whiten the GAE advantages). Each step sample counts once (verl whitens over response
+    tokens: the same with one-token replies). N <= 1, or all values tied (std <= eps): zeros,
+    as a tied group under mean_std_norm. (N,) -> (N,) float64.
+    """
+    x = _f64(x)
+    if len(x) < 2 or x.std(ddof=1) <= eps:
+        return np.zeros_like(x)
+    return (x - x.mean()) / (x.std(ddof=1) + eps)
 
 
 # --------------------------------------------------------------------------- group statistics
@@ -215,21 +276,57 @@ def step_advantage(step_rets, step_group_ids, norm="mean_std_norm", eps=1e-6):
     return np.where([size[s] > 1 for s in step_group_ids], adv, 0.0)
 
 
+# --------------------------------------------------------------------------- DAPO's batch shaping
+def tied_groups(scores, group_ids):
+    """DAPO's dynamic sampling (Yu et al. 2025, arXiv 2503.14476, eq. 11) keeps an episode group
+    only where its outcomes differ:  0 < |{i in g : o_i correct}| < G,  i.e. std_g > 0.
+
+    scores, group_ids: (N,). Returns (N,) bool: True for every sample of a group whose scores all
+    tie (max == min: the groups advantage_stats' zero_var_group_frac counts); a one-sample group
+    ties. DAPO then samples more groups until the batch is full; train.py only drops them.
+    """
+    x = _f64(scores)
+    lo, hi = {}, {}
+    for g, xi in zip(group_ids, x):
+        lo[g], hi[g] = min(lo.get(g, xi), xi), max(hi.get(g, xi), xi)
+    return np.array([lo[g] == hi[g] for g in group_ids], dtype=bool)
+
+
+def overlong_rewards(rewards, response_lengths, ended, max_tokens, penalty):
+    """DAPO's overlong punishment (Yu et al. 2025, arXiv 2503.14476, eq. 13), its hard form, only
+    where a reply hits the length cap:
+
+      r_i - penalty   if len_i >= max_tokens and reply i did not end (no EOS): cut at the cap
+      r_i             otherwise (a reply ending on EOS at exactly max_tokens is not cut)
+
+    DAPO's soft ramp (a penalty growing over the last L_cache tokens before the cap) is not
+    implemented. It enters the step's reward, so episode scores and step returns see it. The tiny
+    model's one-token replies never reach EOS: every one counts as cut (leave --overlong_penalty 0).
+    rewards, response_lengths, ended: (N,). Returns (N,) float64.
+    """
+    cut = (np.asarray(response_lengths) >= max_tokens) & ~np.asarray(ended, dtype=bool)
+    return _f64(rewards) - penalty * cut
+
+
 # --------------------------------------------------------------------------- the one call
 def compute_advantages(rewards, traj_ids, group_ids, anchors, valid, *, algo="gigpo",
                        gamma=0.95, omega=1.0, penalty=0.1, norm="mean_std_norm",
-                       stats="step", similarity=None):
+                       stats="step", similarity=None, values=None, gae_lambda=0.95):
     """One advantage per sample.
 
-      gigpo: A = A^E + omega * A^S   (Sec. 4.2, combined advantage)
-      grpo:  A = A^E                 (= gigpo with omega = 0)
-      rloo:  A = leave-one-out on the episode scores
+      gigpo:        A = A^E + omega * A^S   (Sec. 4.2, combined advantage)
+      grpo:         A = A^E                 (= gigpo with omega = 0)
+      rloo:         A = leave-one-out on the episode scores
+      ppo:          A = batch_whiten(gae_advantage(values) - penalty * (1 - v))   (a learned critic)
+      reinforce_pp: A = batch_whiten(step_returns)   (REINFORCE++: no group baseline)
 
-    All inputs (N,). A^E uses episode_scores, A^S uses step_returns and
-    step_groups; under mean_std_norm a group whose members all tie adds 0
-    (group_stats_normalize). Empty input -> empty array. Raises ValueError on unequal
-    lengths, a NaN/inf reward, a trajectory spread over two episode groups,
-    or an unknown algo/norm/stats. Returns (N,) float64, always finite.
+    All inputs (N,); values (N,): the critic's V(s) per sample, ppo only. A^E uses
+    episode_scores, A^S uses step_returns and step_groups; under mean_std_norm a group
+    whose members all tie adds 0 (group_stats_normalize). ppo and reinforce_pp (BATCH_ALGOS)
+    ignore the episode groups and norm/stats; their statistics are over all N samples.
+    Empty input -> empty array. Raises ValueError on unequal lengths, a NaN/inf reward,
+    a trajectory spread over two episode groups, ppo without values, or an unknown
+    algo/norm/stats. Returns (N,) float64, always finite.
     """
     arrays = dict(rewards=rewards, traj_ids=traj_ids, group_ids=group_ids,
                   anchors=anchors, valid=valid)
@@ -251,6 +348,13 @@ def compute_advantages(rewards, traj_ids, group_ids, anchors, valid, *, algo="gi
         if home.setdefault(t, g) != g:
             raise ValueError(f"trajectory {t!r} appears in episode groups {home[t]!r} and {g!r}")
 
+    if algo == "ppo":
+        if values is None or len(values) != len(r):
+            raise ValueError(f"algo ppo needs one critic value per sample, got {values is not None and len(values)}")
+        adv = gae_advantage(r, values, traj_ids, gamma, gae_lambda) - penalty * (1.0 - _f64(valid))
+        return batch_whiten(adv)
+    if algo == "reinforce_pp":
+        return batch_whiten(step_returns(r, traj_ids, valid, gamma, penalty))
     scores = episode_scores(r, traj_ids, valid, penalty)
     if algo == "rloo":
         return rloo_advantage(scores, group_ids, traj_ids, stats=stats)
@@ -296,14 +400,18 @@ def masked_mean(x, mask, count=None):
     return (x * mask).sum() / count
 
 
-def policy_loss(logp, old_logp, adv, mask, clip=0.2, dual_clip=3.0, token_count=None, weights=None):
+def policy_loss(logp, old_logp, adv, mask, clip=0.2, dual_clip=3.0, token_count=None, weights=None,
+                clip_high=None):
     """PPO clipped surrogate with dual clip, token-mean (paper's objective, Sec. 4.2):
 
       ratio = exp(logp - old_logp)        (log-ratio clamped to [-20, 20])
-      pg    = max(-A * ratio, -A * clip(ratio, 1 - clip, 1 + clip))
+      pg    = max(-A * ratio, -A * clip(ratio, 1 - clip, 1 + clip_high))
       pg    = min(pg, -A * dual_clip)      where A < 0 (dual_clip None: off)
       loss  = sum(w * pg * mask) / token_count (default mask.sum())
 
+    clip_high (None: = clip): DAPO's clip-higher (Yu et al. 2025, arXiv 2503.14476, eq. 10; DAPO:
+    clip 0.2, clip_high 0.28), more room for a low-probability token's ratio to rise. The mean over
+    all tokens of the mini-batch is DAPO's token-level aggregation (its eq. 12), this code's default.
     w: per-token weights (e.g. tis_weights), 1 by default.
 
     logp, old_logp, mask: (B, T); adv: (B,) broadcast over tokens, or (B, T).
@@ -320,7 +428,7 @@ def policy_loss(logp, old_logp, adv, mask, clip=0.2, dual_clip=3.0, token_count=
     log_ratio = (logp - old_logp).clamp(-20.0, 20.0)
     ratio = torch.exp(log_ratio)
     pg_plain = -adv * ratio
-    pg_clip = -adv * ratio.clamp(1.0 - clip, 1.0 + clip)
+    pg_clip = -adv * ratio.clamp(1.0 - clip, 1.0 + (clip if clip_high is None else clip_high))
     pg = torch.maximum(pg_plain, pg_clip)
     dual = torch.zeros_like(pg, dtype=torch.bool)
     if dual_clip is not None:
@@ -335,6 +443,58 @@ def policy_loss(logp, old_logp, adv, mask, clip=0.2, dual_clip=3.0, token_count=
             "approx_kl": masked_mean(old_logp - logp, mask),
         }
     return loss, {k: v.detach() for k, v in stats.items()}
+
+
+def gspo_loss(logp, old_logp, adv, mask, clip=3e-4, clip_high=4e-4, seq_count=None):
+    """GSPO's sequence-level clipped objective (Zheng et al. 2025, arXiv 2507.18071, eqs. 5-7):
+
+      s_i  = exp(sum_t mask * (logp - old_logp) / |y_i|)      (log-ratio clamped to [-20, 20])
+      pg_i = max(-A_i * s_i, -A_i * clip(s_i, 1 - clip, 1 + clip_high))
+      loss = sum_i pg_i / seq_count   (default: the rows with at least one token)
+
+    One importance ratio per response, the geometric mean of its token ratios, clipped as a whole
+    (a sequence is in or out). Its ranges are small since s_i is length-normalised (paper: 3e-4 and
+    4e-4). A mean over sequences (GSPO's 1/G sum_i; the same as a token mean for one-token replies).
+    No dual clip, no per-token weights. logp, old_logp, mask: (B, T); adv: (B,). Pass a global
+    seq_count so that micro-batch losses add up to the mini-batch mean. Returns (loss, stats): detached
+    clip_frac (share of sequences whose clipped term is active) and approx_kl (token mean of old - new).
+    """
+    adv = torch.as_tensor(adv, dtype=logp.dtype, device=logp.device).reshape(-1)
+    m = mask.to(logp.dtype)
+    n_tok = m.sum(-1)                                                       # (B,)
+    log_s = (((logp - old_logp) * m).sum(-1) / n_tok.clamp(min=1.0)).clamp(-20.0, 20.0)
+    s = torch.exp(log_s)                                                    # (B,)
+    pg_plain, pg_clip = -adv * s, -adv * s.clamp(1.0 - clip, 1.0 + clip_high)
+    pg = torch.maximum(pg_plain, pg_clip)
+    rows = (n_tok > 0).to(logp.dtype)
+    loss = masked_mean(pg, rows, seq_count)
+    with torch.no_grad():
+        stats = {"clip_frac": masked_mean((pg_clip > pg_plain).to(logp.dtype), rows),
+                 "approx_kl": masked_mean(old_logp - logp, mask)}
+    return loss, {k: v.detach() for k, v in stats.items()}
+
+
+def value_loss(values, old_values, returns, clip=0.5, count=None):
+    """PPO's clipped value loss (Schulman et al. 2017, eq. 9, L^VF; clipped around the old value
+    as in OpenAI baselines and verl's compute_value_loss):
+
+      V_clip = V_old + clip(V - V_old, -clip, clip)
+      loss   = 0.5 * sum_i max((V_i - R_i)^2, (V_clip,i - R_i)^2) / count   (default B)
+
+    values (with grad), old_values (the critic's before this update), returns (value_targets): (B,).
+    clip None or 0: the plain 0.5 (V - R)^2. Pass a global count so that micro-batch losses add up
+    to the mini-batch mean. Returns (loss, clip_frac: detached share of samples where the clipped
+    term is the larger one).
+    """
+    old_values = torch.as_tensor(old_values, dtype=values.dtype, device=values.device)
+    returns = torch.as_tensor(returns, dtype=values.dtype, device=values.device)
+    n = count or max(len(values), 1)
+    plain = (values - returns) ** 2
+    if not clip:
+        return 0.5 * plain.sum() / n, torch.zeros((), dtype=values.dtype, device=values.device)
+    clipped = (old_values + (values - old_values).clamp(-clip, clip) - returns) ** 2
+    frac = masked_mean((clipped > plain).to(values.dtype), torch.ones_like(plain)).detach()
+    return 0.5 * torch.maximum(plain, clipped).sum() / n, frac
 
 
 def tis_weights(old_logp, rollout_logp, cap):

@@ -205,6 +205,8 @@ def test_compute_advantages_bad_inputs():
     with pytest.raises(ValueError, match="same length"):
         G.compute_advantages(**dict(EX, valid=[1, 1, 1]))
     with pytest.raises(ValueError, match="gigpo"):
+        G.compute_advantages(**EX, algo="dqn")
+    with pytest.raises(ValueError, match="ppo needs one critic value per sample"):
         G.compute_advantages(**EX, algo="ppo")
     with pytest.raises(ValueError, match="episode groups"):
         G.compute_advantages(**dict(EX, group_ids=[9, 9, 8, 9, 9]))
@@ -222,6 +224,81 @@ def test_advantage_stats():
     st = G.advantage_stats([1, 1, 0, 0, 2, 2], [0, 0, 0, 0, 1, 1], [0, 0, 1, 2, 3, 3])
     assert st == {"zero_var_group_frac": 0.5, "step_group_size_hist": {1: 2, 2: 2},
                   "singleton_step_group_frac": 0.5, "mean_step_group_size": 1.5}
+
+
+# ------------------------------------------------------------------ critic, REINFORCE++, DAPO
+# traj A = samples 0, 2, 4: r = 0, 0, 1, V = .5, .6, .8 ; traj B = samples 1, 3: r = 1, 0, V = .2, .4
+GAE = dict(rewards=[0, 1, 0, 0, 1], values=[.5, .2, .6, .4, .8], traj_ids=[0, 1, 0, 1, 0], gamma=0.5)
+
+
+def test_gae_lambda_one_is_discounted_return_minus_value():
+    # A: returns R4 = 1, R2 = .5 * 1 = .5, R0 = .5 * .5 = .25 -> minus V: -.25, -.1, .2
+    # B: returns R3 = 0, R1 = 1 + .5 * 0 = 1 -> minus V: .8, -.4
+    out = G.gae_advantage(**GAE, lam=1.0)
+    close(out, [-.25, .8, -.1, -.4, .2])
+    close(out, G.discounted_returns(GAE["rewards"], GAE["traj_ids"], .5) - np.array(GAE["values"]))
+
+
+def test_gae_lambda_zero_is_td_error_and_targets():
+    # delta_t = r_t + .5 V_{t+1} - V_t, V = 0 after a trajectory's last step
+    # A: d0 = 0 + .3 - .5 = -.2, d2 = 0 + .4 - .6 = -.2, d4 = 1 + 0 - .8 = .2
+    # B: d1 = 1 + .2 - .2 = 1, d3 = 0 + 0 - .4 = -.4
+    close(G.gae_advantage(**GAE, lam=0.0), [-.2, 1, -.2, -.4, .2])
+    # lam = .5 (gamma lam = .25): A4 = .2, A2 = -.2 + .25 * .2 = -.15, A0 = -.2 + .25 * -.15 = -.2375
+    #                             A3 = -.4, A1 = 1 + .25 * -.4 = .9
+    close(G.gae_advantage(**GAE, lam=0.5), [-.2375, .9, -.15, -.4, .2])
+    # lam = 0 targets: r_t + .5 V_{t+1}: .3, 1 + .2 = 1.2, .4, 0, 1 (= A + V)
+    close(G.value_targets(**GAE, lam=0.0), [.3, 1.2, .4, 0, 1])
+    with pytest.raises(ValueError, match="one length"):
+        G.gae_advantage([0, 1], [.5], [0, 0], .5, 1.0)
+
+
+def test_batch_whiten_by_hand():
+    # mean 3, deviations -2, -1, 0, 3, var (4 + 1 + 0 + 9) / 3 = 14/3, std 2.160247
+    close(G.batch_whiten([1, 2, 3, 6], eps=0.0), [-.925820, -.462910, 0, 1.388730])
+    close(G.batch_whiten([2, 2, 2]), [0, 0, 0], tol=0)       # tied: nothing to rank
+    close(G.batch_whiten([5]), [0], tol=0)                   # one sample
+
+
+def test_reinforce_pp_is_global_not_per_group():
+    # one-step trajectories a, b (group 0) return 2, 0 ; c, d (group 1) return 4, 2
+    # global mean 2: deviations 0, -2, 2, 0, var 8/3, std 1.632993 -> 0, -1.224745, 1.224745, 0
+    # (a group baseline would give 1, -1, 1, -1)
+    out = G.compute_advantages([2, 0, 4, 2], ["a", "b", "c", "d"], [0, 0, 1, 1], ["s"] * 4, [1] * 4,
+                               algo="reinforce_pp", gamma=0.5)
+    close(out, [0, -1.224745, 1.224745, 0])
+
+
+def test_compute_advantages_reinforce_pp_on_the_example():
+    # step returns (the GiGPO example below): [.25, 0, .5, -.1, 1], mean .33
+    # deviations -.08, -.33, .17, -.43, .67; squares sum .778, var .1945, std .441022
+    out = G.compute_advantages(**EX, **EX_KW, algo="reinforce_pp")
+    close(out, [-.181397, -.748263, .385469, -.975009, 1.519200])
+
+
+def test_compute_advantages_ppo_by_hand():
+    # the example below, V = .5, .2, .6, .4, .8, gamma .5, lam 1: GAE = return - V
+    #   traj 0 (samples 0, 2, 4): returns .25, .5, 1 -> -.25, -.1, .2 ; traj 1: 0, 0 -> -.2, -.4
+    #   invalid sample 3: -.4 - .1 = -.5 -> raw [-.25, -.2, -.1, -.5, .2], mean -.17
+    #   deviations -.08, -.03, .07, -.33, .37; squares sum .258, var .0645, std .253969
+    out = G.compute_advantages(**EX, **EX_KW, algo="ppo", values=[.5, .2, .6, .4, .8], gae_lambda=1.0)
+    close(out, [-.315000, -.118125, .275625, -1.299374, 1.456874])
+
+
+def test_tied_groups():
+    # group 0 all 1 (tied), group 1 = 0, 1 (kept), group 2 one sample (tied), group 3 = 3, 3 (tied)
+    out = G.tied_groups([1, 1, 1, 0, 1, 2, 3, 3], [0, 0, 0, 1, 1, 2, 3, 3])
+    assert out.tolist() == [True, True, True, False, False, True, True, True]
+    # the same groups advantage_stats counts: 3 of 4 tied
+    assert G.advantage_stats([1, 1, 1, 0, 1, 2, 3, 3], [0, 0, 0, 1, 1, 2, 3, 3], range(8))[
+        "zero_var_group_frac"] == 3 / 4
+
+
+def test_overlong_rewards_only_where_cut():
+    # cap 4: reply 0 is 4 tokens, no EOS -> 1 - .5 ; reply 1 ends on EOS at 4 -> kept ;
+    # reply 2 is short -> kept ; reply 3 is cut -> .5 - .5 = 0
+    out = G.overlong_rewards([1, 1, 0, .5], [4, 4, 2, 4], [False, True, False, False], 4, 0.5)
+    close(out, [.5, 1, 0, 0])
 
 
 # ------------------------------------------------------------------ torch losses
@@ -272,6 +349,64 @@ def test_policy_loss_token_count_microbatches():
     full, _ = G.policy_loss(logp, logp, adv, mask)
     assert l0.item() == pytest.approx(-2 / 3) and l1.item() == pytest.approx(0.5 / 3)
     assert (l0 + l1).item() == pytest.approx(full.item()) == pytest.approx(-0.5)
+
+
+def test_policy_loss_clip_high():
+    # A = 1, ratio 1.5: clip-higher .28 -> max(-1.5, -1.28) = -1.28 (symmetric .2: -1.2)
+    args = (_t([[math.log(1.5)]]), _t([[0.0]]), _t([1.0]), _t([[1.0]]))
+    assert G.policy_loss(*args, clip_high=0.28)[0].item() == pytest.approx(-1.28)
+    assert G.policy_loss(*args)[0].item() == pytest.approx(-1.2)
+    # A = -1, ratio .5: the low side stays at 1 - .2 -> max(.5, .8) = .8 either way
+    args = (_t([[math.log(0.5)]]), _t([[0.0]]), _t([-1.0]), _t([[1.0]]))
+    assert G.policy_loss(*args, clip_high=0.28)[0].item() == pytest.approx(0.8)
+
+
+def test_gspo_sequence_ratio_by_hand():
+    # seq 0: log-ratios ln 2, 0 -> s = exp(ln 2 / 2) = sqrt 2 = 1.414, A = 1:
+    #        max(-1.414, -clip(1.414, .8, 1.2)) = -1.2 (clipped: no gradient)
+    # seq 1: one token (ln .9; its padded slot is masked out), s = .9, A = -1: max(.9, .9) = .9
+    # sequence mean (-1.2 + .9) / 2 = -.15 (a token mean would be (-1.2 - 1 + .9) / 3 = -.433)
+    logp = torch.tensor([[math.log(2.0), 0.0], [math.log(0.9), 5.0]], dtype=torch.float64, requires_grad=True)
+    mask = _t([[1, 1], [1, 0]])
+    loss, st = G.gspo_loss(logp, torch.zeros(2, 2, dtype=torch.float64), _t([1.0, -1.0]), mask, 0.2, 0.2)
+    assert loss.item() == pytest.approx(-0.15)
+    assert st["clip_frac"].item() == pytest.approx(0.5)
+    loss.backward()
+    # d(pg_1)/d logp_10 = -A * s / |y_1| = .9, over 2 sequences = .45 ; seq 0 clipped, padding: 0
+    close(logp.grad.numpy(), [[0, 0], [.45, 0]])
+    # GSPO's own ranges: s = 1.414 is far outside [1 - 3e-4, 1 + 4e-4]
+    loss, _ = G.gspo_loss(logp.detach()[:1], torch.zeros(1, 2, dtype=torch.float64), _t([1.0]), mask[:1])
+    assert loss.item() == pytest.approx(-(1 + 4e-4))
+
+
+def test_value_loss_by_hand():
+    # sample 0: V .1, V_old .5, R 0: plain .01 ; V_clip = .5 - .2 = .3 -> .09 (active)
+    # sample 1: V 1.2, V_old 1, R 0: plain 1.44 ; V_clip = 1.2 (inside) -> 1.44 (not active)
+    # loss = .5 * (.09 + 1.44) / 2 = .3825 ; unclipped .5 * (.01 + 1.44) / 2 = .3625
+    v = torch.tensor([0.1, 1.2], dtype=torch.float64, requires_grad=True)
+    loss, frac = G.value_loss(v, [0.5, 1.0], [0.0, 0.0], clip=0.2)
+    assert loss.item() == pytest.approx(0.3825) and frac.item() == pytest.approx(0.5)
+    loss.backward()   # clipped sample 0: no gradient ; sample 1: .5 * 2 * 1.2 / 2 = .6
+    close(v.grad.numpy(), [0, 0.6])
+    assert G.value_loss(v, [0.5, 1.0], [0.0, 0.0], clip=0)[0].item() == pytest.approx(0.3625)
+
+
+def test_value_loss_falls_on_a_fixed_batch():
+    """A linear value head on fixed features, trained on its clipped loss toward fixed targets:
+    the loss falls (it would rise with the sign of V - R flipped)."""
+    torch.manual_seed(0)
+    feats, targets = torch.randn(16, 8), torch.randn(16)
+    head = torch.nn.Linear(8, 1)
+    opt = torch.optim.SGD(head.parameters(), lr=0.1)
+    losses = []
+    for _ in range(30):
+        old = head(feats).squeeze(-1).detach()
+        loss, _ = G.value_loss(head(feats).squeeze(-1), old, targets, clip=0.5)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.5 * losses[0], losses
 
 
 def test_tis_weights_truncate_and_scale_the_loss():
