@@ -31,7 +31,7 @@ def check_config(cfg):
         if isinstance(value, float) and not math.isfinite(value):
             bad(f"--{f.name} {value}: must be a finite number")
     for flag, names in (("env", ENVS), ("memory", MEMORIES), ("algo", gigpo.ALGOS), ("norm", gigpo.NORMS),
-                        ("stats", gigpo.STATS), ("engine", ENGINES), ("device", DEVICES)):
+                        ("stats", gigpo.STATS), ("loss", gigpo.LOSSES), ("engine", ENGINES), ("device", DEVICES)):
         if getattr(cfg, flag) not in names:
             bad(f"unknown {flag} {getattr(cfg, flag)!r}: use --{flag} with one of {', '.join(names)}")
     try:
@@ -48,8 +48,9 @@ def check_config(cfg):
         bad(f"--env {cfg.env} needs the package {e.name!r}: pip install -r requirements.txt")
     except (ValueError, TypeError) as e:
         bad(str(e) if str(e).startswith("--env_args") else f"--env_args {cfg.env_args!r}: {e}")
-    if cfg.group_size < 2:
-        bad(f"--group_size {cfg.group_size}: {cfg.algo} compares the envs of a group, use >= 2")
+    if cfg.group_size < 2 and (cfg.algo not in gigpo.BATCH_ALGOS or cfg.dynamic_sampling):
+        bad(f"--group_size {cfg.group_size}: {'--dynamic_sampling 1' if cfg.dynamic_sampling else cfg.algo} "
+            f"compares the envs of a group, use >= 2")
     if cfg.n_groups < 1 or cfg.iterations < 1 or cfg.max_response_tokens < 1:
         bad("--n_groups, --iterations and --max_response_tokens must be >= 1")
     if cfg.mini_batch < 1 or cfg.micro_batch_tokens < 1:
@@ -59,7 +60,8 @@ def check_config(cfg):
     for name in ("eval_every", "eval_episodes", "threads", "ppo_epochs"):
         if getattr(cfg, name) < 1:
             bad(f"--{name} {getattr(cfg, name)} must be >= 1")
-    for name in ("memory_k", "env_workers", "train_seeds", "peak_tflops", "kl_coef", "weight_decay", "lr_min"):
+    for name in ("memory_k", "env_workers", "train_seeds", "peak_tflops", "kl_coef", "weight_decay", "lr_min",
+                 "clip_high", "vf_coef", "vf_clip", "overlong_penalty"):
         if getattr(cfg, name) < 0:
             bad(f"--{name} {getattr(cfg, name)} must be >= 0")
     if not cfg.temperature > 0:
@@ -73,6 +75,8 @@ def check_config(cfg):
         bad(f"--lr {cfg.lr} must be > 0")
     if not 0 <= cfg.gamma <= 1:
         bad(f"--gamma {cfg.gamma} must be in [0, 1]")
+    if not 0 <= cfg.gae_lambda <= 1:
+        bad(f"--gae_lambda {cfg.gae_lambda} must be in [0, 1] (1 = discounted returns, 0 = one-step TD)")
     if not cfg.grad_clip > 0 or not cfg.clip > 0:
         bad(f"--grad_clip {cfg.grad_clip} and --clip {cfg.clip} must be > 0")
     if cfg.dual_clip and not cfg.dual_clip > 1:
@@ -87,6 +91,8 @@ def check_config(cfg):
             bad("--lora_rank needs the package 'peft': pip install -r requirements.txt")
     if not cfg.tis_cap >= 0 or math.isinf(cfg.tis_cap):
         bad(f"--tis_cap {cfg.tis_cap} must be a finite number >= 0 (0 = off; a typical cap is 2)")
+    if cfg.tis_cap and cfg.loss == "gspo":
+        bad(f"--tis_cap {cfg.tis_cap} weighs tokens; --loss gspo has one ratio per sequence: use --tis_cap 0")
     if not 0 <= cfg.similarity <= 1:
         bad(f"--similarity {cfg.similarity} must be in [0, 1] (0 = exact anchor match)")
     if cfg.log_groups < 0 or cfg.log_mb < 1:

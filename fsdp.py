@@ -127,6 +127,15 @@ def free_port():
         return s.getsockname()[1]
 
 
+def all_gather(obj):
+    """Every rank's obj (any picklable), in rank order: [obj] when not distributed."""
+    if not _DIST:
+        return [obj]
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
 def all_reduce(x, op="sum"):
     """A float/int (or tensor) summed or maxed over ranks; itself when not distributed."""
     if not _DIST:
@@ -178,14 +187,16 @@ def _full(p):
     return (p.full_tensor() if hasattr(p, "full_tensor") else p).detach()
 
 
-def balance_tokens(samples, adv):
-    """Move whole step samples (with their advantages) between ranks so that each rank trains on
-    about the same number of tokens: ranks own whole env groups, and their episodes differ in length,
-    so their token counts do too, and the update waits for the slowest. Every rank computes the same
-    plan from the gathered lengths: a rank keeps its longest samples up to the mean, its surplus goes
-    to whichever rank is lightest (longest first); only the moving samples travel."""
+def balance_tokens(samples, *per_sample):
+    """Move whole step samples (with their advantages, and whatever else per_sample holds: one entry
+    per sample, e.g. --algo ppo's value targets; None stays None) between ranks so that each rank
+    trains on about the same number of tokens: ranks own whole env groups, and their episodes differ
+    in length, so their token counts do too, and the update waits for the slowest. Every rank computes
+    the same plan from the gathered lengths: a rank keeps its longest samples up to the mean, its
+    surplus goes to whichever rank is lightest (longest first); only the moving samples travel.
+    -> (samples, *per_sample) of this rank."""
     if not _DIST:
-        return samples, adv
+        return (samples, *per_sample)
     world, rank = dist.get_world_size(), dist.get_rank()
     lengths = [None] * world
     dist.all_gather_object(lengths, [len(x.prompt_ids) + len(x.response_ids) for x in samples])
@@ -205,12 +216,15 @@ def balance_tokens(samples, adv):
         to = min(range(world), key=lambda w: load[w])
         load[to] += n
         dest[(r, i)] = to
-    outgoing = [(dest[(rank, i)], samples[i], adv[i]) for i in range(len(samples)) if i not in keep[rank]]
+    cols = [c for c in per_sample if c is not None]
+    outgoing = [(dest[(rank, i)], samples[i], [c[i] for c in cols]) for i in range(len(samples))
+                if i not in keep[rank]]
     moved = [None] * world
     dist.all_gather_object(moved, outgoing)
-    pairs = [(samples[i], adv[i]) for i in sorted(keep[rank])] + \
+    pairs = [(samples[i], [c[i] for c in cols]) for i in sorted(keep[rank])] + \
         [(x, a) for out in moved for to, x, a in out if to == rank]
-    return [x for x, _ in pairs], [a for _, a in pairs]
+    new_cols = iter([np.asarray([a[k] for _, a in pairs]) for k in range(len(cols))])
+    return ([x for x, _ in pairs], *(None if c is None else next(new_cols) for c in per_sample))
 
 
 def full_parameters(model):
@@ -259,9 +273,11 @@ def checkpoint_path(out_dir):
     return path if os.path.exists(path) or not os.path.exists(path + ".old") else path + ".old"
 
 
-def save(model, tok, opt, sched, cfg, it, rank, gen_model=None):
+def save(model, tok, opt, sched, cfg, it, rank, gen_model=None, extra=None):
     """out_dir/ckpt (model + optimizer shards of every rank, iteration, config, scheduler, per-rank
-    RNG) and out_dir/model (HF format: transformers and vLLM load it as is). Each is written under a
+    RNG; extra: {name: object with state_dict()} kept whole by rank 0 in ckpt/extra.pt, e.g. --algo
+    ppo's critic, replicated on every rank) and out_dir/model (HF format: transformers and vLLM load
+    it as is). Each is written under a
     temp name then swapped in, so a crash mid-write never destroys the last good one. model/ goes
     first and ckpt/ last: resume continues from ckpt/, so a kill between the two swaps redoes these
     iterations and exports model/ again (the other order left model/ one save behind for good when
@@ -282,6 +298,8 @@ def save(model, tok, opt, sched, cfg, it, rank, gen_model=None):
     else:
         full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if rank == 0:
+        if extra:
+            torch.save({k: v.state_dict() for k, v in extra.items()}, os.path.join(tmp, "extra.pt"))
         with open(os.path.join(tmp, "meta.json"), "w") as f:
             json.dump({"iteration": it, "config": dataclasses.asdict(cfg), "sched": sched.state_dict()}, f)
         tmp_hf = os.path.join(cfg.out_dir, "model.tmp")
@@ -325,10 +343,10 @@ def first_line(e):
     return (str(e).strip().splitlines() or [type(e).__name__])[0].split(". ")[0][:200]
 
 
-def load_checkpoint(model, opt, sched, cfg, rank, meta):
-    """Load checkpoint_path into model, optimizer, scheduler and RNG -> its iteration. A missing or
-    truncated shard, or weights / optimizer state that are not finite (flipped bytes load silently
-    and turn every weight into NaN an update later), stop with one line."""
+def load_checkpoint(model, opt, sched, cfg, rank, meta, extra=None):
+    """Load checkpoint_path into model, optimizer, scheduler, RNG and extra (as save's) -> its
+    iteration. A missing or truncated shard, or weights / optimizer state that are not finite
+    (flipped bytes load silently and turn every weight into NaN an update later), stop with one line."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
@@ -339,6 +357,9 @@ def load_checkpoint(model, opt, sched, cfg, rank, meta):
         dcp.load(state, checkpoint_id=path)
         set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
         sched.load_state_dict(meta["sched"])
+        extra_state = torch.load(os.path.join(path, "extra.pt"), weights_only=False) if extra else {}
+        for k, v in (extra or {}).items():
+            v.load_state_dict(extra_state[k])
         rng_file = os.path.join(path, f"rng{rank}.pt")
         if os.path.exists(rng_file):
             rng = torch.load(rng_file, weights_only=False)
@@ -348,12 +369,22 @@ def load_checkpoint(model, opt, sched, cfg, rank, meta):
         fail(f"--resume: {path} does not load ({type(e).__name__}: {first_line(e)}); the checkpoint is corrupt")
     names = {id(p): n for n, p in model.named_parameters()}
     named = [*model.state_dict().items(),
-             *((f"optimizer {k} of {names.get(id(p), '?')}", v) for p, st in opt.state.items() for k, v in st.items())]
+             *((f"optimizer {k} of {names.get(id(p), '?')}", v) for p, st in opt.state.items() for k, v in st.items()),
+             *_tensors(extra_state, "extra.pt")]
     bad = [n for n, t in named if torch.is_tensor(t) and t.is_floating_point() and not torch.isfinite(_local(t)).all()]
     if all_reduce(len(bad), "max"):
         fail(f"--resume: {path} holds non-finite values ({', '.join(bad[:3]) or 'on another rank'}); "
              f"the checkpoint is corrupt")
     return meta["iteration"]
+
+
+def _tensors(tree, name):
+    """(name, tensor) of every tensor in nested dicts and lists (a state_dict of state_dicts)."""
+    if torch.is_tensor(tree):
+        yield name, tree
+    elif isinstance(tree, (dict, list, tuple)):
+        for k, v in (tree.items() if isinstance(tree, dict) else enumerate(tree)):
+            yield from _tensors(v, f"{name} {k}")
 
 
 def _local(t):

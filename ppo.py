@@ -1,4 +1,5 @@
-"""The PPO-style update of train.py: token-budget micro-batches, response log-probs, the clipped step.
+"""The PPO-style update of train.py: token-budget micro-batches, response log-probs, the clipped step,
+and --algo ppo's learned critic (Critic, values).
 
 Each step sample is (prompt ids, response ids); only response tokens are scored and trained. Micro-
 batches hold at most `micro_batch_tokens` tokens: left-padded rows (SDPA) or one packed row (varlen
@@ -52,6 +53,7 @@ def make_batch(samples, idx, pad_id, packed):
                       logits_to_keep=keep, cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=longest,
                       max_length_k=longest)
         rows, cols, targets = torch.zeros_like(keep), torch.arange(len(keep)), ids[0, keep + 1]
+        last = (torch.zeros(len(seqs), dtype=torch.long), torch.tensor(ends - np.array(resp) - 1, dtype=torch.long))
     else:
         W, K = max(len(s) for s in seqs), max(resp)
         ids = torch.full((len(seqs), W), pad_id, dtype=torch.long)
@@ -63,20 +65,32 @@ def make_batch(samples, idx, pad_id, packed):
         rows = torch.tensor([b for b, r in enumerate(resp) for _ in range(r)], dtype=torch.long)
         cols = torch.tensor([K - r + k for r in resp for k in range(r)], dtype=torch.long)   # logit column
         targets = ids[rows, W - K + cols]                                       # the token it predicts
-    return {"inputs": inputs, "rows": rows, "cols": cols, "targets": targets}
+        last = (torch.arange(len(seqs)), torch.tensor([W - r - 1 for r in resp], dtype=torch.long))
+    # last: (row, column) of each sample's last prompt token in input_ids: the critic's state
+    return {"inputs": inputs, "rows": rows, "cols": cols, "targets": targets, "last_prompt": last}
 
 
 def response_logprobs(model, batch, device, temperature=1.0, entropy_grad=False):
     """Log-prob and entropy of every response token of a micro-batch: two (n_tokens,) tensors, in
     sample order (the order of make_batch's idx), token order within a sample. The entropy carries
     a gradient only with entropy_grad (an entropy bonus); else it is a metric, kept off the graph."""
+    return score(model, batch, device, temperature, entropy_grad)[:2]
+
+
+def score(model, batch, device, temperature=1.0, entropy_grad=False, critic=None):
+    """response_logprobs' two tensors and, with a critic, V(s) of each sample from the same forward:
+    (n_samples,), else None."""
     inputs = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch["inputs"].items()}
-    logits = model(**inputs, use_cache=False).logits                              # (B, keep, V)
-    logits = logits[batch["rows"].to(device), batch["cols"].to(device)].float() / temperature
+    out = model(**inputs, use_cache=False, output_hidden_states=critic is not None)
+    logits = out.logits[batch["rows"].to(device), batch["cols"].to(device)].float() / temperature   # (n, V)
     logp_all = torch.log_softmax(logits, -1)                                       # (n, V)
     logp = logp_all.gather(-1, batch["targets"].to(device)[:, None])[:, 0]
+    values = None
+    if critic is not None:   # the last layer's (normed) hidden state at the last prompt token
+        r, c = batch["last_prompt"]
+        values = critic(out.hidden_states[-1][r.to(device), c.to(device)])
     with torch.enable_grad() if entropy_grad else torch.no_grad():
-        return logp, -(logp_all.exp() * logp_all).sum(-1)
+        return logp, -(logp_all.exp() * logp_all).sum(-1), values
 
 
 def dummy_pass(model, device):
@@ -107,29 +121,96 @@ def logprobs(model, samples, *, cfg, device, pad_id, packed):
     return out
 
 
-def update(model, opt, sched, samples, *, old, ref, adv, cfg, device, pad_id, packed):
+class Critic:
+    """--algo ppo's learned value V(s) (Schulman et al. 2017): a head on the policy,
+
+        V(s_t) = w . h_t + b,   h_t = the policy model's last hidden state (after its final norm) at
+                                the last prompt token: the state the step acted in, before any reply
+
+    Why a head on the policy and not a separate value model (verl's critic is a second LLM with its
+    own optimizer): the update's forward yields V at no extra cost (one no-grad pass before the
+    advantages gives the values GAE needs), and nothing else is sharded, saved or pushed twice. The
+    value loss flows into the shared trunk, weighted by --vf_coef (the PPO paper's shared-parameter
+    objective, eq. 9: L^CLIP - c1 L^VF). Zero-initialised: V = 0 on every rank with no broadcast, so
+    the first advantages are plain discounted returns.
+    The head lives outside the model, fp32, on the model's device: inside, FSDP2 would shard it and
+    the engine (sync_weights) and the HF export would get a weight they do not know. So it has its
+    own AdamW (--lr, --weight_decay, the same cosine), its own gradient clip at --grad_clip, its
+    gradient averaged over ranks by hand (FSDP2 does the model's), and its own file in the
+    checkpoint (fsdp.save / load_checkpoint's `extra`), so --resume 1 keeps it."""
+
+    def __init__(self, hidden, device, make_optimizer):
+        self.head = torch.nn.Linear(hidden, 1).to(device)
+        torch.nn.init.zeros_(self.head.weight)
+        torch.nn.init.zeros_(self.head.bias)
+        self.opt, self.sched = make_optimizer(self.head)
+
+    def __call__(self, h):
+        return self.head(h.float()).squeeze(-1)                                     # (B,)
+
+    def step(self, grad_clip, world):
+        """Average the head's gradient over ranks, clip it, step."""
+        if world > 1:
+            for p in self.head.parameters():   # a rank with no sample this step adds zeros
+                p.grad = torch.zeros_like(p) if p.grad is None else p.grad
+                dist.all_reduce(p.grad)
+                p.grad /= world
+        torch.nn.utils.clip_grad_norm_(self.head.parameters(), grad_clip)
+        self.opt.step()
+
+    def state_dict(self):
+        return {"head": self.head.state_dict(), "opt": self.opt.state_dict(), "sched": self.sched.state_dict()}
+
+    def load_state_dict(self, state):
+        self.head.load_state_dict(state["head"])
+        self.opt.load_state_dict(state["opt"])
+        self.sched.load_state_dict(state["sched"])
+
+
+@torch.no_grad()
+def state_values(model, critic, samples, *, cfg, device, pad_id, packed):
+    """V(s) of every sample under the current weights -> (N,) float64 (train.py: GAE's values, and
+    the old values the value loss clips around)."""
+    out = np.zeros(len(samples))
+    for mb in synced_micro_batches(samples, range(len(samples)), cfg, pad_id, packed):
+        if mb is None:
+            dummy_pass(model, device)
+            continue
+        out[mb] = score(model, make_batch(samples, mb, pad_id, packed), device, critic=critic)[2].cpu().numpy()
+    return out
+
+
+def update(model, opt, sched, samples, *, old, ref, adv, cfg, device, pad_id, packed, critic=None, targets=None):
     """PPO-style clipped update over this rank's samples -> metrics. Token-mean over the GLOBAL
     mini-batch: each micro-batch loss is its token sum over the mini-batch's token count on all
     ranks (times the world size, since FSDP averages gradients over ranks), so the update does not
     depend on how samples fell across ranks or micro-batches. old/ref: per-sample log-prob tensors
     (logprobs(); ref None = no KL term); adv: one float per sample; pad_id: the tokenizer's pad
-    token; packed: one packed row per micro-batch (varlen attention) instead of padded rows."""
+    token; packed: one packed row per micro-batch (varlen attention) instead of padded rows. --loss
+    gspo: GSPO's sequence ratio, a mean over the mini-batch's sequences. critic (--algo ppo): its
+    clipped value loss joins the loss (x --vf_coef), mean over samples; targets: per sample (old
+    value, value target)."""
     world = dist.get_world_size() if dist_on() else 1
-    stats = {k: torch.zeros((), device=device) for k in ("loss", "clip_frac", "kl_ref", "entropy", "tis_weight",
-                                                          "tis_trunc_frac", "grad_norm")}
+    keys = ("loss", "clip_frac", "kl_ref", "entropy", "tis_weight", "tis_trunc_frac", "grad_norm") + \
+        (("value_loss", "vf_clip_frac") if critic else ())
+    stats = {k: torch.zeros((), device=device) for k in keys}
+    clip_high = cfg.clip_high or cfg.clip
     n_steps = 0
     for _ in range(cfg.ppo_epochs):
         perm = torch.randperm(len(samples)).tolist()
         steps = max(1, math.ceil(all_reduce(len(samples), "max") * world / cfg.mini_batch))
         for chunk in np.array_split(perm, steps):
             n_tok = all_reduce(sum(len(samples[i].response_ids) for i in chunk)) / world
+            n_seq = all_reduce(len(chunk)) / world
             opt.zero_grad(set_to_none=True)
+            if critic:
+                critic.opt.zero_grad(set_to_none=True)
             for mb in synced_micro_batches(samples, chunk.tolist(), cfg, pad_id, packed):
                 if mb is None:
                     dummy_pass(model, device).backward()
                     continue
-                logp, ent = response_logprobs(model, make_batch(samples, mb, pad_id, packed), device,
-                                              cfg.temperature, entropy_grad=cfg.entropy_coef > 0)
+                logp, ent, v = score(model, make_batch(samples, mb, pad_id, packed), device, cfg.temperature,
+                                     entropy_grad=cfg.entropy_coef > 0, critic=critic)
                 cat = lambda xs: torch.cat([xs[i] for i in mb]).to(device)[None]   # noqa: E731
                 a = torch.cat([torch.full((len(samples[i].response_ids),), float(adv[i])) for i in mb])
                 m = torch.ones_like(logp)[None]
@@ -139,8 +220,22 @@ def update(model, opt, sched, samples, *, old, ref, adv, cfg, device, pad_id, pa
                     w, trunc = gigpo.tis_weights(cat(old), rollout_lp, cfg.tis_cap)
                     stats["tis_weight"] += w.sum() / n_tok
                     stats["tis_trunc_frac"] += trunc * len(logp) / n_tok
-                loss, pst = gigpo.policy_loss(logp[None], cat(old), a.to(device)[None], m, cfg.clip,
-                                              cfg.dual_clip or None, token_count=n_tok, weights=w)
+                if cfg.loss == "gspo":   # one ratio per sequence: (B, T) rows of this micro-batch's samples
+                    lens = [len(samples[i].response_ids) for i in mb]
+                    loss, pst = gigpo.gspo_loss(rows(logp, lens), rows(cat(old)[0], lens), torch.tensor(
+                        [float(adv[i]) for i in mb], device=device), rows(m[0], lens), cfg.clip, clip_high, n_seq)
+                    stats["clip_frac"] += pst["clip_frac"] * len(mb) / n_seq
+                else:
+                    loss, pst = gigpo.policy_loss(logp[None], cat(old), a.to(device)[None], m, cfg.clip,
+                                                  cfg.dual_clip or None, token_count=n_tok, weights=w,
+                                                  clip_high=clip_high)
+                    stats["clip_frac"] += pst["clip_frac"] * len(logp) / n_tok
+                if critic:
+                    t = torch.tensor(np.asarray([targets[i] for i in mb]), dtype=torch.float32, device=device)
+                    vl, vclip = gigpo.value_loss(v, t[:, 0], t[:, 1], cfg.vf_clip or None, count=n_seq)
+                    loss = loss + cfg.vf_coef * vl
+                    stats["value_loss"] += vl.detach()
+                    stats["vf_clip_frac"] += vclip * len(mb) / n_seq
                 ent_sum = ent.sum() / n_tok
                 loss = loss - cfg.entropy_coef * ent_sum
                 if ref is not None:
@@ -150,15 +245,23 @@ def update(model, opt, sched, samples, *, old, ref, adv, cfg, device, pad_id, pa
                 loss.backward()
                 stats["loss"] += loss.detach()
                 stats["entropy"] += ent_sum.detach()
-                stats["clip_frac"] += pst["clip_frac"] * len(logp) / n_tok
             gn = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
             stats["grad_norm"] += gn.full_tensor() if hasattr(gn, "full_tensor") else gn
             opt.step()
+            if critic:
+                critic.step(cfg.grad_clip, world)
             n_steps += 1
     sched.step()
+    if critic:
+        critic.sched.step()
     if cfg.tis_cap <= 0:
         del stats["tis_weight"], stats["tis_trunc_frac"]
     gn = stats.pop("grad_norm")  # already global; the rest are this rank's shares of global means
     vals = all_reduce(torch.stack(list(stats.values()))) / world
     return {k: float(v) / n_steps for k, v in zip(stats, vals)} | {
         "grad_norm": float(gn) / n_steps, "optimizer_steps": n_steps}
+
+
+def rows(flat, lens):
+    """A micro-batch's flat per-token tensor (n_tokens,) -> (B, T) rows, one per sample, zero-padded."""
+    return torch.nn.utils.rnn.pad_sequence(list(flat.split(lens)), batch_first=True)

@@ -1,4 +1,4 @@
-"""Train an LLM agent with GiGPO (or GRPO / RLOO) in a multi-turn text env.
+"""Train an LLM agent with GiGPO (or GRPO, RLOO, PPO with a critic, REINFORCE++) in a multi-turn text env.
 
     python train.py                                  # the embedded default: tiny model, treasure game, CPU
     python train.py --algo grpo --seed 3             # any Config field below is a flag
@@ -10,7 +10,8 @@
 main() runs these numbered sections once per iteration:
   1. collect      n_groups x group_size envs, the envs of a group from one seed; every env step is a
                   sample: prompt ids, sampled response ids and their log-probs, reward (rollout.py)
-  2. advantages   one per sample: GiGPO, GRPO or RLOO (gigpo.py)
+  2. advantages   one per sample: GiGPO, GRPO, RLOO, REINFORCE++, or PPO's GAE on its critic's values
+                  (gigpo.py); --dynamic_sampling 1 (DAPO) then drops the groups whose scores all tie
   3. update       old log-probs recomputed by this model, then the PPO-style clipped step, token-mean
                   loss, optional KL to a frozen reference (ppo.py); a non-finite update stops the run
   4. push weights the new weights into the generation engine (rollout.sync_weights)
@@ -40,11 +41,11 @@ import records
 from checks import check_config
 from envs import GroupedEnvs, parse_env_args
 from memory import make_memory
-from ppo import logprobs, update
+from ppo import Critic, logprobs, state_values, update
 from prompts import prompt_module
 from tiny import is_tiny
 from evaluate import HELD_OUT, eval_plan, eval_what, evaluate, headline, random_policy_success, success_text
-from fsdp import (PACKED_ATTN, add_lora, all_finite, all_reduce, attn_implementation, balance_tokens, check_resume,
+from fsdp import (PACKED_ATTN, add_lora, all_finite, all_gather, all_reduce, attn_implementation, balance_tokens, check_resume,
                   checkpoint_path, dist_on, fail, finish_dist, first_line, full_parameters, load_checkpoint, save,
                   setup_dist, shard)
 from rollout import HFEngine, make_engine, rollout, sync_weights
@@ -75,8 +76,11 @@ class Config:
     gpu_memory_utilization: float = 0.3  # vLLM on GPU: share of GPU memory it takes (weights + KV cache);
                                    # 0 = a fixed --kv_cache_mb cache, no start-up profiling (runs sharing a GPU)
     # algorithm (gigpo.py)
-    algo: str = "gigpo"            # gigpo | grpo | rloo (gigpo.ALGOS)
+    algo: str = "gigpo"            # gigpo | grpo | rloo | ppo (a learned critic) | reinforce_pp (gigpo.ALGOS)
     gamma: float = 0.95            # discount of step returns (paper: 0.95)
+    gae_lambda: float = 0.95       # --algo ppo: GAE lambda over env steps, 1 = returns, 0 = TD (PPO paper: 0.95)
+    vf_coef: float = 0.5           # --algo ppo: weight of the value loss in the shared loss (PPO paper c1: 1, Atari)
+    vf_clip: float = 0.5           # --algo ppo: value clip, V within V_old +- this, reward units; 0 = off (verl: 0.5)
     omega: float = 1.0             # weight of the step-level advantage (paper: 1.0)
     penalty: float = 0.1           # invalid-action penalty lambda (paper: 0.1)
     norm: str = "mean_norm"        # mean_norm (paper "w/o std") | mean_std_norm ("w/ std"; plateaus here, LOG.md)
@@ -88,8 +92,13 @@ class Config:
     lr_min: float = 0.1            # cosine decay to lr * lr_min at the end; 1.0 = constant (paper)
     weight_decay: float = 0.0      # AdamW weight decay (paper: 0.01)
     grad_clip: float = 1.0         # max grad norm (paper: 1.0)
-    clip: float = 0.2              # PPO clip epsilon (paper: 0.2)
-    dual_clip: float = 3.0         # dual-clip c for negative advantages; 0 = off (paper: 3)
+    clip: float = 0.2              # PPO clip epsilon, the ratio's lower side 1 - clip (paper: 0.2; GSPO: 3e-4)
+    clip_high: float = 0.0         # upper side 1 + clip_high; 0 = --clip (DAPO's clip-higher: 0.28; GSPO: 4e-4)
+    loss: str = "ppo"              # ppo (token ratio) | gspo (one ratio per sequence; pass GSPO's --clip/--clip_high)
+    dual_clip: float = 3.0         # dual-clip c for negative advantages; 0 = off; --loss ppo only (paper: 3)
+    dynamic_sampling: bool = False # DAPO: drop episode groups whose scores all tie before the update, no refill
+    overlong_penalty: float = 0.0  # DAPO: reward minus this where a reply is cut at --max_response_tokens; 0 = off
+                                   # (DAPO: a soft ramp to 1 over the last 4096 tokens before its 20480 cap)
     kl_coef: float = 0.0           # k3 KL to the frozen initial model; 0 = no reference (paper: 0.01)
     entropy_coef: float = 0.0      # entropy bonus (paper: 0.001)
     tis_cap: float = 0.0           # > 0: truncated importance sampling, token loss x min(pi_old / pi_rollout, cap) (verl: 2)
@@ -157,7 +166,10 @@ def main(argv=None):
     print0(batch_arithmetic(cfg, world, envs))
     model, tok, ref, engine, gen_model, packed = build_policy(cfg, device, world, print0)
     opt, sched = make_optimizer(cfg, model, device)
-    start = load_checkpoint(model, opt, sched, cfg, rank, meta) if meta else 0
+    critic = Critic(model.config.hidden_size, device, lambda head: make_optimizer(cfg, head, device)) \
+        if cfg.algo == "ppo" else None            # --algo ppo: a value head, outside the sharded model (ppo.py)
+    extra = {"critic": critic} if critic else None   # saved and resumed with the checkpoint
+    start = load_checkpoint(model, opt, sched, cfg, rank, meta, extra) if meta else 0
     if start:
         sync_weights(engine, full_parameters(model))
         print0(f"resumed from {checkpoint_path(cfg.out_dir)} at iteration {start}")
@@ -182,22 +194,25 @@ def main(argv=None):
         samples, episodes, timing = rollout(envs, engine, tok, prompt, memories, seeds, cfg.temperature,
                                             cfg.top_p, cfg.max_response_tokens)
         samples, episodes, n_dead = drop_dead_workers(samples, episodes)
-        # 2. advantages, and a few whole groups recorded with GiGPO's view of each step
-        adv, adv_stats = advantages(cfg, samples, it)
+        # 2. advantages (--algo ppo: GAE on the critic's values), a few whole groups recorded with GiGPO's
+        #    view of each step; the update trains on all but DAPO's tied groups, tokens balanced over ranks
+        lp = dict(cfg=cfg, device=device, pad_id=tok.pad_token_id, packed=packed)
+        with timer("update", device):
+            values = state_values(model, critic, samples, **lp) if critic else None
+        adv, targets, keep, adv_stats = advantages(cfg, samples, it, rank, values, tok.eos_token_id)
         if rank == 0 and cfg.log_groups:
             shown = record_groups(cfg, samples, adv, tok, it)
-        samples, adv = balance_tokens(samples, adv)     # ranks: even out the tokens each trains on
+        trained, adv, targets = balance_tokens([samples[k] for k in keep], adv[keep], targets[keep])
         # 3. update: old (and reference) log-probs by the training model, then the clipped step
         with timer("sync"):
             engine.sleep()                              # vLLM on GPU: its memory goes to the update
         with timer("update", device):
-            lp = dict(cfg=cfg, device=device, pad_id=tok.pad_token_id, packed=packed)
-            old, ref_lp = logprobs(model, samples, **lp), None
+            old, ref_lp = logprobs(model, trained, **lp), None
             if cfg.kl_coef > 0:   # the frozen copy, or with LoRA the model itself with its adapters off
                 with model.disable_adapter() if cfg.lora_rank else contextlib.nullcontext():
-                    ref_lp = logprobs(model if ref is None else ref, samples, **lp)
-            upd = update(model, opt, sched, samples, old=old, ref=ref_lp, adv=adv, **lp)
-            stop_if_not_finite(model, upd, it, cfg, saved)
+                    ref_lp = logprobs(model if ref is None else ref, trained, **lp)
+            upd = update(model, opt, sched, trained, old=old, ref=ref_lp, adv=adv, critic=critic, targets=targets, **lp)
+            stop_if_not_finite(model, critic, upd, it, cfg, saved)
         if rank == 0 and cfg.log_groups:   # written once the update is known finite, like everything else
             episode_log.write(shown)
         # 4. push weights into the engine (and reset its prefix cache)
@@ -214,8 +229,8 @@ def main(argv=None):
                 wandb.log({"episodes": records.wandb_table(wandb, shown)}, step=it)
         # 6. log: the metrics line first, then the checkpoint (ckpt/ and model/ never lead the log)
         dt = timer.since_start()
-        summed = training_metrics(samples, episodes, n_dead, adv, old)   # all ranks
-        tokens = all_reduce(sum(len(s.prompt_ids) + len(s.response_ids) for s in samples))
+        summed = training_metrics(samples, trained, episodes, n_dead, adv, old)   # all ranks
+        tokens = all_reduce(sum(len(s.prompt_ids) + len(s.response_ids) for s in trained))
         m = {"iteration": it, **summed, "lr": sched.get_last_lr()[0], **adv_stats, **upd,
              "time_gen": timing["gen"], "time_env": timing["env"], "time_rollout_other": timing["other"],
              "time_update": timer["update"], "time_sync": timer["sync"], "time_iteration": dt,
@@ -229,7 +244,7 @@ def main(argv=None):
             log.write(json.dumps(m) + "\n")
             log.flush()
         if checkpoint:
-            save(model, tok, opt, sched, cfg, it, rank, gen_model)
+            save(model, tok, opt, sched, cfg, it, rank, gen_model, extra)
             saved = it
         if rank == 0:
             show_progress(bar, m, it, wandb, line=it == start + 1 or it % cfg.eval_every == 0)
@@ -357,21 +372,42 @@ def drop_dead_workers(samples, episodes):
     return [s for s in samples if s.traj not in dead], [e for e in episodes if not e.get("worker_died")], len(dead)
 
 
-def advantages(cfg, samples, it):
-    """-> (one advantage per sample, gigpo.advantage_stats of the groups, for the log). NaN/inf rewards
-    stop the run here, in one line (the last checkpoint stays)."""
+def advantages(cfg, samples, it, rank, values=None, eos=None):
+    """-> (one advantage per sample; (N, 2) the critic's old value and lambda-return target per sample,
+    zeros without one; the indices of the samples to train on: all, or under --dynamic_sampling 1 all
+    but the groups whose scores tie; gigpo.advantage_stats of the groups + dropped_groups, for the log).
+    --overlong_penalty (DAPO) comes off the cut replies' rewards first. BATCH_ALGOS (ppo, reinforce_pp)
+    normalise over the whole batch: under torchrun, every rank's samples. NaN/inf rewards stop the run
+    here, in one line (the last checkpoint stays)."""
     rewards, trajs, groups, anchors, valid = (
         [getattr(s, f) for s in samples] for f in ("reward", "traj", "group", "anchor", "valid"))
+    if cfg.overlong_penalty:
+        rewards = gigpo.overlong_rewards(rewards, [len(s.response_ids) for s in samples], [
+            s.response_ids[-1:] == [eos] for s in samples], cfg.max_response_tokens, cfg.overlong_penalty)
+    cols, lo = [rewards, trajs, groups, anchors, valid, values], 0
+    if cfg.algo in gigpo.BATCH_ALGOS and dist_on():   # every rank's samples, their ids tagged by rank
+        parts = all_gather([list(rewards), [(rank, t) for t in trajs], [(rank, g) for g in groups], anchors,
+                            valid, values])
+        lo = sum(len(p[0]) for p in parts[:rank])
+        cols = [[x for p in parts for x in p[k]] for k in range(5)] + [None if values is None else
+                                                                      np.concatenate([p[5] for p in parts])]
     try:
         adv = gigpo.compute_advantages(
-            rewards, trajs, groups, anchors, valid, algo=cfg.algo, gamma=cfg.gamma, omega=cfg.omega,
-            penalty=cfg.penalty, norm=cfg.norm, stats=cfg.stats, similarity=cfg.similarity or None)
+            *cols[:5], algo=cfg.algo, gamma=cfg.gamma, omega=cfg.omega, penalty=cfg.penalty, norm=cfg.norm,
+            stats=cfg.stats, similarity=cfg.similarity or None, values=cols[5], gae_lambda=cfg.gae_lambda)
     except ValueError as e:
         sys.exit(f"error: iteration {it}: {e}")
-    # diagnostics only: compute_advantages keeps its intermediates private (a pure one-call API)
+    adv = adv[lo:lo + len(samples)]
+    targets = np.zeros((len(samples), 2))
+    if values is not None:   # the env's rewards: the invalid-action penalty shapes the advantage only
+        targets[:, 0], targets[:, 1] = values, gigpo.value_targets(rewards, values, trajs, cfg.gamma, cfg.gae_lambda)
+    # diagnostics: compute_advantages keeps its intermediates private (a pure one-call API)
     step_groups = gigpo.step_groups(anchors, groups, cfg.similarity or None)
     scores = gigpo.episode_scores(rewards, trajs, valid, cfg.penalty)
-    return adv, gigpo.advantage_stats(scores, groups, step_groups)
+    tied = gigpo.tied_groups(scores, groups) if cfg.dynamic_sampling else np.zeros(len(samples), dtype=bool)
+    stats = gigpo.advantage_stats(scores, groups, step_groups)
+    stats["dropped_groups"] = int(all_reduce(len({g for g, t in zip(groups, tied) if t})))
+    return adv, targets, np.flatnonzero(~tied), stats
 
 
 def record_groups(cfg, samples, adv, tok, it):
@@ -383,10 +419,10 @@ def record_groups(cfg, samples, adv, tok, it):
     return records.episodes(sub, tok, it, "train", adv[ks], records.advantage_parts(sub, cfg))
 
 
-def stop_if_not_finite(model, upd, it, cfg, saved):
+def stop_if_not_finite(model, critic, upd, it, cfg, saved):
     """NaN/inf from any cause (a huge --lr, a bad input) stops the run here, before it reaches ckpt/ or
     model/, with one line that says which iteration they still hold."""
-    finite = all_finite(p for p in model.parameters())
+    finite = all_finite([*model.parameters(), *(critic.head.parameters() if critic else ())])
     if not (finite and math.isfinite(upd["loss"]) and math.isfinite(upd["grad_norm"])):
         fail(f"iteration {it}: non-finite update (loss {upd['loss']:.4g}, grad norm {upd['grad_norm']:.4g}, "
              f"weights {'finite' if finite else 'not finite'}); stopped before saving it: "
@@ -394,12 +430,13 @@ def stop_if_not_finite(model, upd, it, cfg, saved):
                 "this run has saved nothing yet") + " (a lower --lr may help)")
 
 
-def training_metrics(samples, episodes, n_dead, adv, old):
+def training_metrics(samples, trained, episodes, n_dead, adv, old):
     """The iteration's training numbers (README, "Metrics"). Summed over all ranks, then divided:
-    episodes won, their returns and lengths, episodes, step samples, valid ones, |rollout - training
-    log-prob| over response tokens (old: the training model's) and their count, episodes lost to dead
-    workers. The token means and adv_abs are this rank's."""
-    gap = torch.cat([(o - torch.tensor(s.logprobs)).abs() for o, s in zip(old, samples)])
+    episodes won, their returns and lengths, episodes, step samples (collected), valid ones, |rollout -
+    training log-prob| over the trained response tokens (old: the training model's; DAPO's dynamic
+    sampling may leave none) and their count, episodes lost to dead workers. The token means (of the
+    collected samples) and adv_abs (of the trained ones) are this rank's."""
+    gap = torch.cat([torch.zeros(0)] + [(o - torch.tensor(s.logprobs)).abs() for o, s in zip(old, trained)])
     sums = {"won": sum(e["won"] for e in episodes), "return": sum(e["return"] for e in episodes),
             "length": sum(e["length"] for e in episodes), "episodes": len(episodes), "samples": len(samples),
             "valid": sum(s.valid for s in samples), "gap": float(gap.sum()), "gap_tokens": len(gap),
@@ -410,7 +447,8 @@ def training_metrics(samples, episodes, n_dead, adv, old):
             "samples": tot["samples"], "worker_died": tot["worker_died"],
             "prompt_tokens": float(np.mean([len(s.prompt_ids) for s in samples])),
             "response_tokens": float(np.mean([len(s.response_ids) for s in samples])),
-            "adv_abs": float(np.abs(adv).mean()), "logp_gap": tot["gap"] / tot["gap_tokens"]}
+            "adv_abs": float(np.abs(adv).mean()) if len(adv) else 0.0,
+            "logp_gap": tot["gap"] / max(tot["gap_tokens"], 1)}
 
 
 def mfu(cfg, model, tokens, seconds, world):

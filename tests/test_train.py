@@ -21,7 +21,8 @@ def run_train(*args, timeout=600):
     (["--bogus", "1"], "unknown flag --bogus"),
     (["--env", "chess"], "--env"),
     (["--memory", "diary"], "--memory"),
-    (["--algo", "ppo"], "--algo"),
+    (["--algo", "dqn"], "--algo"),
+    (["--loss", "grpo"], "--loss"),
     (["--group_size", "1"], "--group_size"),
     (["--mini_batch", "0"], "--mini_batch"),
     (["--micro_batch_tokens", "0"], "--micro_batch_tokens"),
@@ -63,6 +64,13 @@ def test_bad_input_is_one_line_before_work(args, words):
     (["--dual_clip", "0.5"], "--dual_clip"),
     (["--eval_temperature", "-1"], "--eval_temperature"),
     (["--tis_cap", "-1"], "--tis_cap"),
+    (["--gae_lambda", "1.5"], "--gae_lambda"),
+    (["--clip_high", "-0.1"], "--clip_high"),
+    (["--vf_clip", "-1"], "--vf_clip"),
+    (["--vf_coef", "-1"], "--vf_coef"),
+    (["--overlong_penalty", "-1"], "--overlong_penalty"),
+    (["--loss", "gspo", "--tis_cap", "2"], "--tis_cap"),
+    (["--group_size", "1", "--algo", "ppo", "--dynamic_sampling", "1"], "--group_size"),
 ])
 def test_bad_values_are_one_line_that_names_the_flag(args, words, tmp_path):
     """Values that used to pass check_config and then fail mid-run (a traceback after up to 26 s),
