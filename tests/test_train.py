@@ -294,3 +294,118 @@ def test_episode_log_on_resume_keeps_the_checkpointed_iterations(tmp_path):
     assert path.read_text() == ""
     log.write([{"iteration": 1, "x": "y" * (2 << 20)}])      # over --log_mb 1: not written, one note
     assert path.read_text() == "" and log.full
+
+
+# ---- the paper's baselines and verl-agent's other estimators: PPO's critic, REINFORCE++, GSPO, DAPO ----
+SMALL_RUN = ["--n_groups", "2", "--group_size", "2", "--eval_episodes", "2", "--engine", "hf", "--eval_every", "1",
+             "--mini_batch", "8", "--threads", "1"]
+
+
+def test_critic_reads_the_last_prompt_token_and_its_loss_falls():
+    """--algo ppo's value head (ppo.Critic): V(s) is read at each sample's last prompt token (the same
+    from padded rows, a packed row, and the prompt alone), and ppo.update's clipped value loss falls on
+    a fixed toy batch (advantages 0: only the value loss trains; targets of mean 0, so a bias alone
+    cannot fit them)."""
+    import numpy as np
+    import ppo
+    import train
+    from tiny import build_tiny
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    from dist_update import fixed_batch
+    cpu = torch.device("cpu")
+    model, tok = build_tiny("treasure", seed=0)
+    samples, _ = fixed_batch(16)
+    cfg = train.Config(algo="ppo", lr=1e-2, mini_batch=16, micro_batch_tokens=64)
+    critic = ppo.Critic(model.config.hidden_size, cpu, lambda head: train.make_optimizer(cfg, head, cpu))
+    assert not critic.head.weight.any()                       # zero-initialised: V = 0 everywhere
+    with torch.no_grad():
+        torch.nn.init.normal_(critic.head.weight)             # any head, to compare the layouts
+        idx = list(range(len(samples)))
+        padded = ppo.score(model, ppo.make_batch(samples, idx, 0, False), cpu, critic=critic)[2]
+        packed = ppo.score(model, ppo.make_batch(samples, idx, 0, True), cpu, critic=critic)[2]
+        alone = torch.stack([critic(model(input_ids=torch.tensor([s.prompt_ids]), output_hidden_states=True)
+                                    .hidden_states[-1][0, -1]) for s in samples])
+        torch.nn.init.zeros_(critic.head.weight)
+    assert torch.allclose(padded, alone, atol=1e-5) and torch.allclose(packed, alone, atol=1e-5)
+    opt, sched = train.make_optimizer(cfg, model, cpu)
+    lp = dict(cfg=cfg, device=cpu, pad_id=tok.pad_token_id, packed=False)
+    returns, losses = np.linspace(-1, 1, len(samples)), []
+    for _ in range(25):
+        old, values = ppo.logprobs(model, samples, **lp), ppo.state_values(model, critic, samples, **lp)
+        upd = ppo.update(model, opt, sched, samples, old=old, ref=None, adv=np.zeros(len(samples)), critic=critic,
+                         targets=np.column_stack([values, returns]), **lp)
+        losses.append(upd["value_loss"])
+    assert losses[0] == pytest.approx(0.5 * np.mean(returns ** 2))      # V = 0 at the start
+    assert losses[-1] < 0.3 * losses[0], losses
+
+
+def test_ppo_resume_keeps_the_value_head(tmp_path, monkeypatch):
+    """--algo ppo saves the head (and its optimizer) in ckpt/extra.pt; --resume 1 starts from it, not
+    from a fresh zero head."""
+    import train
+    out = tmp_path / "ppo"
+    train.main([*SMALL_RUN, "--algo", "ppo", "--iterations", "2", "--out_dir", str(out)])
+    saved = torch.load(out / "ckpt" / "extra.pt", weights_only=False)["critic"]
+    assert saved["head"]["weight"].abs().sum() > 0 and saved["opt"]["state"]   # trained, Adam state kept
+    seen, real = [], train.state_values
+
+    def state_values(model, critic, samples, **kw):
+        seen.append(critic.head.weight.detach().clone())
+        return real(model, critic, samples, **kw)
+    monkeypatch.setattr(train, "state_values", state_values)
+    train.main([*SMALL_RUN, "--algo", "ppo", "--iterations", "3", "--out_dir", str(out), "--resume", "1"])
+    assert len(seen) == 1 and torch.equal(seen[0], saved["head"]["weight"])
+    row = json.loads(open(out / "metrics.jsonl").readlines()[-1])
+    assert row["iteration"] == 3 and row["value_loss"] > 0 and 0 <= row["vf_clip_frac"] <= 1
+
+
+@pytest.mark.parametrize("args", [["--algo", "reinforce_pp"], ["--algo", "ppo", "--gae_lambda", "1"],
+                                  ["--algo", "grpo", "--loss", "gspo", "--clip", "3e-4", "--clip_high", "4e-4"],
+                                  ["--algo", "grpo", "--clip_high", "0.28", "--overlong_penalty", "0.1"]])
+def test_every_estimator_and_loss_trains(tmp_path, args):
+    import train
+    train.main([*SMALL_RUN, *args, "--iterations", "1", "--out_dir", str(tmp_path)])
+    row = json.loads(open(tmp_path / "metrics.jsonl").readline())
+    assert row["optimizer_steps"] >= 1 and row["dropped_groups"] == 0 and row["adv_abs"] > 0
+
+
+def test_dynamic_sampling_trains_on_the_groups_whose_scores_differ(tmp_path, monkeypatch):
+    """--dynamic_sampling 1 (DAPO): the update sees exactly the samples of the groups whose episode
+    scores differ, dropped_groups counts the others; when every group ties nothing trains (the weights
+    stay the initial ones) and the run goes on."""
+    import numpy as np
+    import gigpo
+    import train
+    seen, real_adv, real_update = [], train.advantages, train.update
+
+    def advantages(cfg, samples, *a, **k):
+        out = real_adv(cfg, samples, *a, **k)
+        scores = gigpo.episode_scores([s.reward for s in samples], [s.traj for s in samples],
+                                      [s.valid for s in samples], cfg.penalty)
+        by_group = {}
+        for s, x in zip(samples, scores):
+            by_group.setdefault(s.group, set()).add(x)
+        seen.append({"kept": {s.traj for s in samples if len(by_group[s.group]) > 1},
+                     "tied": sum(len(v) == 1 for v in by_group.values())})
+        return out
+
+    def update(model, opt, sched, samples, *a, **k):
+        seen[-1]["trained"] = {s.traj for s in samples}
+        return real_update(model, opt, sched, samples, *a, **k)
+    monkeypatch.setattr(train, "advantages", advantages)
+    monkeypatch.setattr(train, "update", update)
+    args = [*SMALL_RUN, "--n_groups", "8", "--algo", "grpo", "--dynamic_sampling", "1", "--env_args",
+            "progress=0,max_steps=2", "--iterations", "3"]
+    train.main([*args, "--out_dir", str(tmp_path / "some")])
+    rows = [json.loads(line) for line in open(tmp_path / "some" / "metrics.jsonl")]
+    assert [r["dropped_groups"] for r in rows] == [x["tied"] for x in seen]
+    assert all(x["trained"] == x["kept"] for x in seen) and sum(x["tied"] for x in seen) > 0
+    monkeypatch.setattr(gigpo, "tied_groups", lambda scores, groups: np.ones(len(scores), dtype=bool))
+    train.main([*args, "--iterations", "1", "--out_dir", str(tmp_path / "none")])
+    row = json.loads(open(tmp_path / "none" / "metrics.jsonl").readline())
+    assert row["dropped_groups"] == 8 and row["samples"] > 0 and row["logp_gap"] == 0
+    from transformers import AutoModelForCausalLM
+    from tiny import build_tiny
+    init = build_tiny("treasure", seed=0)[0].state_dict()
+    after = AutoModelForCausalLM.from_pretrained(tmp_path / "none" / "model").state_dict()
+    assert all(torch.equal(after[k], init[k]) for k in init)
