@@ -1,5 +1,5 @@
 """The PPO-style update of train.py: token-budget micro-batches, response log-probs, the clipped step,
-and --algo ppo's learned critic (Critic, values).
+and --algo ppo's learned critic (Critic, state_values).
 
 Each step sample is (prompt ids, response ids); only response tokens are scored and trained. Micro-
 batches hold at most `micro_batch_tokens` tokens: left-padded rows (SDPA) or one packed row (varlen

@@ -45,9 +45,9 @@ from ppo import Critic, logprobs, state_values, update
 from prompts import prompt_module
 from tiny import is_tiny
 from evaluate import HELD_OUT, eval_plan, eval_what, evaluate, headline, random_policy_success, success_text
-from fsdp import (PACKED_ATTN, add_lora, all_finite, all_gather, all_reduce, attn_implementation, balance_tokens, check_resume,
-                  checkpoint_path, dist_on, fail, finish_dist, first_line, full_parameters, load_checkpoint, save,
-                  setup_dist, shard)
+from fsdp import (PACKED_ATTN, add_lora, all_finite, all_gather, all_reduce, attn_implementation, balance_tokens,
+                  check_resume, checkpoint_path, dist_on, fail, finish_dist, first_line, full_parameters,
+                  load_checkpoint, save, setup_dist, shard)
 from rollout import HFEngine, make_engine, rollout, sync_weights
 
 
@@ -211,7 +211,8 @@ def main(argv=None):
             if cfg.kl_coef > 0:   # the frozen copy, or with LoRA the model itself with its adapters off
                 with model.disable_adapter() if cfg.lora_rank else contextlib.nullcontext():
                     ref_lp = logprobs(model if ref is None else ref, trained, **lp)
-            upd = update(model, opt, sched, trained, old=old, ref=ref_lp, adv=adv, critic=critic, targets=targets, **lp)
+            upd = update(model, opt, sched, trained, old=old, ref=ref_lp, adv=adv, critic=critic, targets=targets,
+                         **lp)
             stop_if_not_finite(model, critic, upd, it, cfg, saved)
         if rank == 0 and cfg.log_groups:   # written once the update is known finite, like everything else
             episode_log.write(shown)
