@@ -21,8 +21,9 @@ from envs import GroupedEnvs  # noqa: E402
 from prompts import prompt_module  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def data_dir():
+def games_dir():
+    """$ALFWORLD_DATA, or the test subset unpacked from the archive (once, cached in the temp dir);
+    skips the calling test where neither is there. tests/test_envs.py's check_env test calls it too."""
     pytest.importorskip("alfworld", reason="alfworld is not installed (pip install -r requirements.txt)")
     from envs.alfworld import unpack
     if USER_DATA:
@@ -40,6 +41,11 @@ def data_dir():
         unpack(archive, tmp, per_type=2)
         os.replace(tmp, cache)   # atomic: a half-unpacked dir is never used
     return cache
+
+
+@pytest.fixture(scope="module")
+def data_dir():
+    return games_dir()
 
 
 @pytest.mark.parametrize("kind", ["pick", "look", "clean", "heat", "cool", "pick2"])
@@ -254,6 +260,80 @@ def test_train_one_iteration_then_eval_only(data_dir, tmp_path):
                         "--max_response_tokens", "4", "--env_workers", "0", "--n_groups", "1", "--group_size", "2"],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.strip().splitlines()[-1].startswith("eval-only success valid_unseen 0.000 (valid_unseen 1 games, "
-                                                        "T=0.4")
+    lines = r.stdout.strip().splitlines()
+    assert lines[-2].startswith("eval-only success valid_unseen 0.000 (valid_unseen 1 games, T=0.4")
+    assert lines[-1].startswith("per task type: valid_unseen/")   # the eval-only's last line (16b221f)
     assert "over 1 games, invalid actions 1.000 of steps" in r.stdout   # 4 tokens: never both tags
+
+
+def play(env, seed, deviate=0):
+    """Reset, make `deviate` off-plan moves (to some other place), then follow info["expert_action"]
+    -> (won, steps, the actions taken)."""
+    obs, info = env.reset(seed)
+    done = trunc = False
+    actions = []
+    while not (done or trunc):
+        action = info["expert_action"]
+        if len(actions) < deviate:
+            action = next(a for a in info["admissible_actions"] if a.startswith("go to ") and a != action)
+        obs, reward, done, trunc, info = env.step(action)
+        actions.append(action)
+    assert not done or info["expert_action"] == ""
+    return done, len(actions), actions
+
+
+def test_expert_action_wins_every_game_also_after_leaving_its_plan(data_dir):
+    """Following info["expert_action"] wins one game per task type of each valid split (all 274 by
+    hand, docs/envs.md), from the start (the walkthrough) and after an off-plan first move (a
+    replan: seconds in a big kitchen, so valid_unseen's only). No expert_action unless asked for."""
+    from envs import parse_env_args
+    from envs.alfworld import TASK_TYPES, ALFWorld, task_type
+    assert parse_env_args("alfworld", "expert=1") == {"expert": 1}
+    with pytest.raises(ValueError, match="--env_args expert="):
+        ALFWorld("valid_seen", data_dir=data_dir, expert=2)
+    assert "expert_action" not in ALFWorld("valid_seen", data_dir=data_dir).reset(0)[1]
+    for split in ("valid_seen", "valid_unseen"):
+        env = ALFWorld(split, data_dir=data_dir, expert=True)
+        for kind in TASK_TYPES.values():
+            seed = next(s for s, g in enumerate(env.games) if task_type(g) == kind)
+            won, steps, actions = play(env, seed)
+            assert won and actions == env.walkthrough(), env.gamefile
+            if split == "valid_unseen":
+                won, steps, actions = play(env, seed, deviate=1)
+                assert won and actions[0] != env.walkthrough()[0] and steps <= len(env.walkthrough()) + 2, env.gamefile
+
+
+def test_bc_collects_expert_steps_and_cloning_lowers_the_loss(data_dir, tiny_model, tmp_path):
+    """bench.bc: the expert's steps on 2 train games, in both prompt formats, are prompts the RL run
+    would build (memory of the last 2 steps) with replies its parser reads back as the expert action;
+    30 steps of cloning on the tiny model lower the reply loss and save a folder train.py loads."""
+    from transformers import AutoModelForCausalLM
+    from bench import bc
+    from tiny import is_tiny
+    n = bc.main(["--collect", str(tmp_path / "bc-{prompt}.jsonl"), "--games", "2", "--prompt", "tagged", "choice",
+                 "--data_dir", data_dir])
+    rows = {v: [json.loads(line) for line in open(tmp_path / f"bc-{v}.jsonl")] for v in ("tagged", "choice")}
+    assert len(rows["tagged"]) == len(rows["choice"]) == n >= 4
+    for v, variant in (("tagged", ""), ("choice", "choice")):
+        p = prompt_module("alfworld", chat=True, variant=variant)
+        for prev, r in zip([None] + rows[v], rows[v]):
+            assert p.parse(r["reply"], r["admissible"]) == (r["action"], True)
+            text = r["messages"][-1]["content"]
+            if r["step"] > 0:    # the window memory shows the previous step's action
+                assert f"-> {prev['action']}]" in text and f"{r['step']} step(s)" in text
+    for r in rows["choice"]:
+        assert f"\n{r['reply']}. {r['action']}\n" in r["messages"][-1]["content"]
+    assert rows["tagged"][0]["reply"] == (f"<think>The next step towards the task is {rows['tagged'][0]['action']}."
+                                          f"</think><action>{rows['tagged'][0]['action']}</action>")
+    model, tok = tiny_model
+    model.save_pretrained(tmp_path / "tiny")
+    tok.save_pretrained(tmp_path / "tiny")
+    out = tmp_path / "bc"
+    losses, _ = bc.main(["--train", str(tmp_path / "bc-choice.jsonl"), "--model", str(tmp_path / "tiny"), "--out",
+                         str(out), "--steps", "30", "--batch", "4", "--lr", "1e-2", "--device", "cpu"])
+    assert len(losses) == 30 and sum(losses[-5:]) / 5 < 0.5 * losses[0]
+    assert AutoModelForCausalLM.from_pretrained(out).num_parameters() == model.num_parameters() and is_tiny(str(out))
+    with pytest.raises(SystemExit, match="--games"):
+        bc.main(["--collect", str(tmp_path / "x.jsonl"), "--games", "0", "--data_dir", data_dir])
+    with pytest.raises(SystemExit, match="--prompt"):
+        bc.main(["--collect", str(tmp_path / "x.jsonl"), "--prompt", "tagged", "choice", "--data_dir", data_dir])
