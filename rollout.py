@@ -219,13 +219,21 @@ def sync_weights(engine, named_tensors):
 
 
 ENGINES = ("auto", "hf", "vllm")   # --engine
+# auto on CPU: below this many parameters, transformers. Measured on the 2-core machine: for the tiny
+# default (0.13M) vLLM's CPU engine takes 16-40 s to start and spends 2.7x the CPU time per step sample
+# generating, its per-step overhead larger than the model's compute; for SmolLM2-135M vLLM was faster
+# (LOG.md). The cut between the two measured sizes is a guess (docs/training.md).
+AUTO_HF_ON_CPU = 10**7
 
 
 def make_engine(kind, model, tokenizer, *, kv_cache_mb, gpu_memory_utilization, copy_dtype=None, compile=False):
-    """--engine hf | vllm | auto. auto: vLLM where it imports and serves this model, else the
-    transformers engine with a one-line warning that says why; vllm: the same failure is an error.
+    """--engine hf | vllm | auto. auto: the transformers engine for a model under AUTO_HF_ON_CPU
+    parameters on CPU (the tiny default); otherwise vLLM where it imports and serves this model, else
+    the transformers engine with a one-line warning that says why; vllm: the same failure is an error.
     copy_dtype: see HFEngine (vLLM always holds its own copy); compile: VLLMEngine's (GPU only)."""
-    if kind == "hf":
+    small_on_cpu = next(model.parameters()).device.type == "cpu" and \
+        sum(p.numel() for p in model.parameters()) < AUTO_HF_ON_CPU
+    if kind == "hf" or kind == "auto" and small_on_cpu:
         return HFEngine(model, tokenizer, copy_dtype)
     try:
         return VLLMEngine(model, tokenizer.eos_token_id, kv_cache_mb, gpu_memory_utilization, compile=compile)

@@ -71,7 +71,8 @@ class Config:
     temperature: float = 1.0       # rollout sampling temperature (paper: 1.0)
     top_p: float = 1.0             # rollout nucleus sampling
     max_response_tokens: int = 1   # tokens per step response: the tiny model says one word (paper: 512)
-    engine: str = "auto"           # auto (vllm where it imports and serves the model, else hf) | hf | vllm (rollout.py)
+    engine: str = "auto"           # auto (hf for a model under 10M parameters on CPU, e.g. the tiny default; else
+                                   # vllm where it imports and serves the model, else hf) | hf | vllm (rollout.py)
     kv_cache_mb: int = 1024        # vLLM on CPU (or GPU with --gpu_memory_utilization 0): KV cache size, MiB
     gpu_memory_utilization: float = 0.3  # vLLM on GPU: share of GPU memory it takes (weights + KV cache);
                                    # 0 = a fixed --kv_cache_mb cache, no start-up profiling (runs sharing a GPU)
@@ -114,7 +115,8 @@ class Config:
     eval_temperature: float = 0.0  # 0 = greedy (paper: 0.4 sampled)
     seed: int = 0                  # seeds torch, python and the training env seeds (train_seed)
     train_seeds: int = 0           # 0 = fresh env seeds every iteration; N = cycle N fixed tasks (overfit check)
-    threads: int = 2               # torch CPU threads
+    threads: int = 1               # torch CPU threads; 1: the tiny model's ops are too small to split, and 2 on a
+                                   # loaded 2-core machine made default iterations 7x slower (docs/training.md)
     device: str = "auto"           # auto | cpu | cuda
     out_dir: str = "out"           # metrics.jsonl, episodes.jsonl, ckpt/ (to resume), model/ (HF format)
     wandb: bool = False            # log to Weights & Biases (rank 0): metrics, and a table of episodes at each eval
@@ -314,7 +316,8 @@ def build_policy(cfg, device, world, print0):
     lora = f" ({sum(p.numel() for p in model.parameters() if p.requires_grad) / 1e6:.3f}M in LoRA adapters)" \
         if cfg.lora_rank else ""
     print0(f"model: {cfg.model}, {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters{lora}, "
-           f"vocab {len(tok)}, device {device}{f', FSDP2 over {world} rank(s)' if distributed else ''}")
+           f"vocab {len(tok)}, device {device}{f', FSDP2 over {world} rank(s)' if distributed else ''}, "
+           f"engine {'transformers' if isinstance(engine, HFEngine) else 'vllm'}")
     model = shard(model, device, cfg.grad_ckpt, compile_layers=cfg.compile)
     ref = shard(ref, device) if ref is not None else None
     return model, tok, ref, engine, gen_model, packed

@@ -2,6 +2,7 @@
 
     torchrun --nproc_per_node=1 -m bench.update --shape 1.5b --peak_tflops 790     # one H200
     ... --samples 64 --gather 0 --profile 1 [--attn sdpa [--cudnn_sdp 1]]        # where the time goes
+    torchrun --nproc_per_node=1 -m bench.update --shape 7b --grad_ckpt 1 --samples 32  # 7B on one H200
     torchrun --nproc_per_node=8 -m bench.update --shape 7b --grad_ckpt 1             # one node
     python -m bench.update --shape tiny --samples 16 --prompt 64 --response 16       # CPU smoke test
 
@@ -14,9 +15,19 @@ FLOPs counted (useful work only; padding is not counted): per token 2 x (non-emb
 a forward, x3 for forward+backward; the LM head only on the response tokens whose logits are kept;
 causal attention 2 * d * L * s^2 per sequence of length s for a forward (QK^T and AV, half masked).
 MFU = FLOPs / time / (peak x ranks).
+
+Peak memory is that of the old log-probs and the update. The bf16 engine copy the weight gather
+loads into (--gather 1) is built after them, once the optimizer state is freed: train.py's GPU
+engine, vLLM, sleeps through the update with its weights in CPU memory, so the update never shares
+the GPU with a copy (it did here before: +14 GiB at 7B, 127 + 14 GiB being more than an H200 holds).
+Out of memory: one line says in which pass and at what micro-batch size, and the exit status is 3,
+so a script can retry smaller (--micro_batch_tokens) and report the largest that fits. --json FILE
+appends the results as one JSON line.
 """
 import argparse
+import json
 import random
+import sys
 import time
 
 import torch
@@ -79,7 +90,6 @@ def run(args, rank, world, device, log):
         f"compile {args.compile}")
     cfg = train.Config(micro_batch_tokens=args.micro_batch_tokens, mini_batch=args.samples, grad_ckpt=args.grad_ckpt,
                        lr=1e-6, dual_clip=3.0)
-    engine = HFEngine(model, None, copy_dtype=torch.bfloat16) if args.gather else None
     model = fsdp.shard(model, device, cfg.grad_ckpt,
                        reshard_after_forward=None if args.reshard_after_forward < 0 else bool(args.reshard_after_forward),
                        compile_layers=bool(args.compile))
@@ -93,17 +103,22 @@ def run(args, rank, world, device, log):
     # --compile warms up on all of them: torch.compile specialises on size ranges (a micro-batch of
     # more than ~9k tokens compiled anew on an H200), and a run compiles only in its first iterations
     few = samples if args.compile else samples[:max(2, len(samples) // 16)]
+    args.phase = "warm-up"   # where an out-of-memory error struck (main reports it)
     old = ppo.logprobs(model, few, cfg=cfg, device=device, pad_id=0, packed=packed)
     ppo.update(model, opt, sched, few, old=old, ref=None, adv=adv, cfg=cfg, device=device, pad_id=0, packed=packed)
     if args.profile:
         profile(model, opt, sched, samples, cfg, device, log, packed)
+    # after the warm-up's step: weights, gradients and AdamW state, what the passes' activations add to
+    static = torch.cuda.memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     sync()
+    args.phase = "old log-probs"
     t0 = time.perf_counter()
     old = ppo.logprobs(model, samples, cfg=cfg, device=device, pad_id=0, packed=packed)
     sync()
     t1 = time.perf_counter()
+    args.phase = "update"
     stats = ppo.update(model, opt, sched, samples, old=old, ref=None, adv=adv, cfg=cfg, device=device, pad_id=0,
                        packed=packed)
     sync()
@@ -116,20 +131,33 @@ def run(args, rank, world, device, log):
     rows = [("old log-probs (forward)", t1 - t0, f_fwd), ("update (fwd+bwd+AdamW)", t2 - t1, f_upd)]
     log(f"\n{args.samples} samples, {int(tokens)} tokens (prompt <= {args.prompt}, response <= {args.response}), "
         f"micro-batches <= {args.micro_batch_tokens} tokens, grad_ckpt {args.grad_ckpt}, "
-        f"{stats['optimizer_steps']} optimizer step(s), loss {stats['loss']:.4f}\n")
+        f"{stats['optimizer_steps']} optimizer step(s), loss {stats['loss']:.4f}; weights + gradients + AdamW "
+        f"state {static:.1f} GiB (rank 0)\n")
     log("| pass | seconds | tokens/s (all ranks) | TFLOP/s per GPU | MFU | peak memory GiB (rank 0) |")
     log("|---|---|---|---|---|---|")
     for name, dt, f in rows:
         log(f"| {name} | {dt:.2f} | {tokens / dt:,.0f} | {f / dt / world / 1e12:.1f} | "
             f"{f / dt / peak:.1%} | {mem:.1f} |" if args.peak_tflops else
             f"| {name} | {dt:.2f} | {tokens / dt:,.0f} | {f / dt / world / 1e12:.3f} | - | {mem:.1f} |")
-    if engine is not None:
+    result = dict(vars(args), params=n_params, world=world, tokens=int(tokens), peak_memory_gib=mem, static_gib=static,
+                  **{f"{key}_{k}": v for key, (_, dt, f) in zip(("logprobs", "update"), rows)
+                     for k, v in (("s", dt), ("tokens_per_s", tokens / dt),
+                                  ("mfu", f / dt / peak if args.peak_tflops else None))})
+    if args.gather:   # the optimizer state and gradients go first (see the module docstring)
+        args.phase = "weight gather"
+        opt.state.clear()
+        model.zero_grad(set_to_none=True)
+        with torch.device(device):
+            engine = HFEngine(AutoModelForCausalLM.from_config(mcfg, dtype=torch.bfloat16), None)
+        engine.owns = True   # sync_weights copies into it, as into train.py's bf16 HF engine copy
         sync()
         t0 = time.perf_counter()
         sync_weights(engine, fsdp.full_parameters(model))
         sync()
+        result["gather_s"] = time.perf_counter() - t0
         log(f"\nweight gather (FSDP2 full tensor per parameter) + load into a bf16 HF engine copy: "
-            f"{time.perf_counter() - t0:.2f} s")
+            f"{result['gather_s']:.2f} s")
+    return result
 
 
 def profile(model, opt, sched, samples, cfg, device, log, packed):
@@ -168,15 +196,28 @@ def main():
     ap.add_argument("--compile", type=int, default=0, help="1 = torch.compile each decoder layer (train.py --compile 1)")
     ap.add_argument("--profile", type=int, default=0, help="also print torch.profiler's top kernels of one micro-batch")
     ap.add_argument("--peak_tflops", type=float, default=0.0, help="bf16 peak per GPU (H200 measured: ~790)")
+    ap.add_argument("--json", default="", help="append the results as one JSON line to this file (rank 0)")
     args = ap.parse_args()
+    for name in ("samples", "prompt", "response", "micro_batch_tokens"):
+        if getattr(args, name) < 1:
+            sys.exit(f"error: --{name} {getattr(args, name)}: must be >= 1")
     rank, world, device = fsdp.setup_dist(train.Config())
     log = print if rank == 0 else (lambda *a, **k: None)
+    args.phase = "model set-up"
     try:
-        run(args, rank, world, device, log)
+        result = run(args, rank, world, device, log)
     except torch.OutOfMemoryError as e:
-        log(f"out of GPU memory: {str(e).splitlines()[0]}")
+        gib = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
+        log(f"out of GPU memory in the {args.phase} (shape {args.shape}, micro-batches <= {args.micro_batch_tokens} "
+            f"tokens, compile {args.compile}, grad_ckpt {args.grad_ckpt}; peak {gib:.1f} GiB allocated): "
+            f"{str(e).splitlines()[0][:160]}")
+        result = dict(vars(args), oom=True, peak_memory_gib=gib)
+    if args.json and rank == 0:
+        with open(args.json, "a") as f:
+            f.write(json.dumps(result) + "\n")
     if fsdp.dist_on():
         fsdp.dist.destroy_process_group()
+    sys.exit(3 if result.get("oom") else 0)
 
 
 if __name__ == "__main__":

@@ -206,8 +206,11 @@ SMALL = ["--n_groups", "4", "--group_size", "2", "--eval_episodes", "8", "--thre
 
 
 def test_torchrun_two_ranks_trains_end_to_end(tmp_path):
-    """The default engine (vLLM where installed: one per rank) under torchrun, gloo."""
-    out = subprocess.run(TORCHRUN + [os.path.join(ROOT, "train.py"), *SMALL, "--iterations", "2",
+    """vLLM where installed (one engine per rank; auto would pick transformers for the tiny model on
+    CPU) under torchrun, gloo."""
+    import importlib.util
+    engine = ["--engine", "vllm"] if importlib.util.find_spec("vllm") else []
+    out = subprocess.run(TORCHRUN + [os.path.join(ROOT, "train.py"), *SMALL, *engine, "--iterations", "2",
                                      "--out_dir", str(tmp_path)], env=ENV, cwd=ROOT, capture_output=True,
                          text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]

@@ -106,17 +106,25 @@ def test_token_ids_in_and_out_never_retokenised(setup):
     assert all(len(lps) == len(ids) for ids, lps in ours)
 
 
-def run_train(*flags):
-    return subprocess.run([sys.executable, "train.py", "--iterations", "1", "--n_groups", "2",
-                           "--eval_episodes", "4", "--out_dir", "/tmp/gigpo-test-vllm", *flags],
+def run_train(*flags, auto_hf_below=None):
+    """train.py for one small iteration; auto_hf_below: rollout.AUTO_HF_ON_CPU for this run (0: auto
+    tries vLLM for the tiny model too)."""
+    patch = "" if auto_hf_below is None else f"rollout.AUTO_HF_ON_CPU = {auto_hf_below}; "
+    return subprocess.run([sys.executable, "-c", f"import sys, rollout, train; {patch}train.main(sys.argv[1:])",
+                           "--iterations", "1", "--n_groups", "2", "--eval_episodes", "4",
+                           "--out_dir", "/tmp/gigpo-test-vllm", *flags],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 
 def test_bad_input_is_one_line_never_a_hang():
-    """A head size vLLM's CPU attention rejects (64 / 4 = 16): auto falls back to transformers with
-    a warning that says why; a KV cache too small for one full-length sequence: --engine vllm stops
+    """auto gives the tiny model on CPU the transformers engine, without trying vLLM; where auto does
+    try vLLM, a head size its CPU attention rejects (64 / 4 = 16) falls back to transformers with a
+    warning that says why; a KV cache too small for one full-length sequence: --engine vllm stops
     with one line naming the flag."""
     r = run_train("--tiny_heads", "4")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "engine transformers" in r.stdout and "warning" not in r.stdout
+    r = run_train("--tiny_heads", "4", auto_hf_below=0)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "warning: --engine auto:" in r.stdout and "head_dim=16" in r.stdout
     r = run_train("--engine", "vllm", "--kv_cache_mb", "1", "--tiny_hidden", "128")

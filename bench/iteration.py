@@ -1,0 +1,124 @@
+"""One training iteration of train.py, timed by phase, with a random-weight model of a Qwen2.5 shape.
+
+    python -m bench.iteration --shape 1.5b --peak_tflops 790          # ALFWorld, the paper's settings, one GPU
+    python -m bench.iteration --shape tiny --engine hf --n_groups 2 --group_size 2 --env_workers 0 \\
+        --env_args max_steps=3 --max_response_tokens 16                 # CPU smoke test
+
+Every flag it does not know goes to train.py, after `--env alfworld` and its preset (train.PRESETS:
+16 groups x 8 envs, up to 50 steps, 512 response tokens, window memory, KL and entropy terms, 8 env
+workers), so the iteration is the one `python train.py --env alfworld --model DIR` runs.
+
+The model: bench.update's SHAPES[--shape] as a Qwen2 config, random init (no hub here), saved as an
+HF folder under --out with a tokenizer trained here: byte-level BPE on the env's own text (its
+prompts and actions from a few random episodes, tiny.corpus) with Qwen2.5's ChatML chat template
+and EOS <|im_end|>. Random weights never write an EOS or a valid action, so every reply runs to
+--max_response_tokens and every episode to the env's step limit: the longest iteration the settings
+allow (a trained model replies shorter and wins some games early).
+
+Left out of the timed iteration, as train.py does them only every --eval_every iterations (10 for
+ALFWorld): the evaluation and the checkpoint (both patched out here: a 1.5B checkpoint with its
+AdamW state is ~25 GB of disk). Prints the metrics line's time_* phases, the start-up before the
+iteration, samples, tokens, update tokens/s and MFU (with --peak_tflops); --json FILE appends them.
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+T0 = time.perf_counter()
+
+import torch  # noqa: E402
+
+import train  # noqa: E402
+from bench.update import SHAPES  # noqa: E402
+from envs import parse_env_args  # noqa: E402
+
+# Qwen2.5's template with its default system prompt (the tokens every step's prompt carries)
+CHATML = ("{% if messages[0]['role'] != 'system' %}{{ '<|im_start|>system\\nYou are Qwen, created by Alibaba "
+          "Cloud. You are a helpful assistant.<|im_end|>\\n' }}{% endif %}{% for m in messages %}"
+          "{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endfor %}"
+          "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+PHASES = ("time_gen", "time_env", "time_rollout_other", "time_update", "time_sync", "time_iteration")
+
+
+def build_tokenizer(cfg, vocab_size, episodes=3):
+    """Byte-level BPE trained on what the env and its prompt produce, ChatML template, EOS <|im_end|>."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+    from tiny import corpus
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(corpus(cfg.env, episodes, env_kwargs=parse_env_args(cfg.env, cfg.env_args)),
+                            trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials,
+                                                initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    hf.chat_template = CHATML
+    return hf
+
+
+def make_model_dir(shape, cfg, path):
+    """A random-weight Qwen2 of SHAPES[shape] and the tokenizer above, saved (bf16) as an HF folder."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    fields = dict(SHAPES[shape])
+    tok = build_tokenizer(cfg, min(8192, fields["vocab_size"]))
+    mcfg = AutoConfig.for_model(fields.pop("model_type", "qwen2"), **fields, max_position_embeddings=32768,
+                                rope_theta=1e6, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                                bos_token_id=None)
+    torch.manual_seed(0)
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):   # random init is faster there
+        model = AutoModelForCausalLM.from_config(mcfg, dtype=torch.bfloat16)
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return sum(p.numel() for p in model.parameters())
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="1.5b", help="bench.update's model shapes")
+    ap.add_argument("--env", default="alfworld", help="train.py --env (its preset applies)")
+    ap.add_argument("--out", default="/tmp/bench-iteration", help="the model folder and train.py's out_dir go here")
+    ap.add_argument("--json", default="", help="append the results as one JSON line to this file")
+    args, rest = ap.parse_known_args()
+    model_dir, out_dir = os.path.join(args.out, f"model-{args.shape}"), os.path.join(args.out, "run")
+    # --eval_episodes 1: the random-policy baseline train.py plays at start-up is then one game
+    argv = ["--env", args.env, "--model", model_dir, "--iterations", "1", "--out_dir", out_dir, "--eval_episodes", "1",
+            *(["--eval_sets", "valid_seen"] if args.env == "alfworld" else []), *rest]
+    cfg = train.parse_args(argv)   # a bad flag stops here, in one line that names it
+    t0 = time.perf_counter()
+    n_params = make_model_dir(args.shape, cfg, model_dir)
+    print(f"model {args.shape}: {n_params / 1e9:.2f}B parameters, random init, saved to {model_dir} in "
+          f"{time.perf_counter() - t0:.0f} s", flush=True)
+    if os.path.exists(os.path.join(out_dir, "metrics.jsonl")):
+        os.remove(os.path.join(out_dir, "metrics.jsonl"))   # a previous run's line is not this one
+    train.evaluate = lambda *a, **k: {"not run": float("nan")}   # see the module docstring
+    train.save = lambda *a, **k: None
+    t_main = time.perf_counter()
+    train.main(argv)
+    with open(os.path.join(out_dir, "metrics.jsonl")) as f:
+        m = json.loads(f.readlines()[-1])
+    start_up = time.perf_counter() - t_main - m["wall"]   # train.py's set-up: load, engine, env workers
+    res = {"shape": args.shape, "params": n_params, "argv": argv, "start_up_s": start_up,
+           **{k: m.get(k) for k in (*PHASES, "samples", "episode_length", "prompt_tokens", "response_tokens",
+                                    "update_tokens_per_s", "mfu", "logp_gap")}}
+    print(f"\none iteration of python train.py {' '.join(argv)} (a random {args.shape} model): "
+          f"{m['time_iteration']:.1f} s; train.py's set-up before it {start_up:.0f} s")
+    print("| " + " | ".join(k[5:] for k in PHASES) + " | samples | prompt / response tokens per sample | "
+          "update tokens/s | MFU |")
+    print("|---" * (len(PHASES) + 4) + "|")
+    mfu = f"{m['mfu']:.1%}" if m.get("mfu") is not None else "-"
+    print("| " + " | ".join(f"{m[k]:.1f}" for k in PHASES) + f" | {m['samples']:.0f} | {m['prompt_tokens']:.0f} / "
+          f"{m['response_tokens']:.0f} | {m['update_tokens_per_s']:,.0f} | {mfu} |")
+    phases = {k[5:]: m[k] for k in PHASES[:-1]}
+    top = max(phases, key=phases.get)
+    print(f"largest phase: {top}, {phases[top] / m['time_iteration']:.0%} of the iteration")
+    if args.json:
+        with open(args.json, "a") as f:
+            f.write(json.dumps(res) + "\n")
+    print(f"bench total {time.perf_counter() - T0:.0f} s", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
