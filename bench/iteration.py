@@ -23,16 +23,13 @@ iteration, samples, tokens, update tokens/s and MFU (with --peak_tflops); --json
 import argparse
 import json
 import os
-import sys
 import time
 
-T0 = time.perf_counter()
+import torch
 
-import torch  # noqa: E402
-
-import train  # noqa: E402
-from bench.update import SHAPES  # noqa: E402
-from envs import parse_env_args  # noqa: E402
+import train
+from bench.update import SHAPES
+from envs import parse_env_args
 
 # Qwen2.5's template with its default system prompt (the tokens every step's prompt carries)
 CHATML = ("{% if messages[0]['role'] != 'system' %}{{ '<|im_start|>system\\nYou are Qwen, created by Alibaba "
@@ -72,10 +69,15 @@ def make_model_dir(shape, cfg, path):
         model = AutoModelForCausalLM.from_config(mcfg, dtype=torch.bfloat16)
     model.save_pretrained(path)
     tok.save_pretrained(path)
-    return sum(p.numel() for p in model.parameters())
+    n = sum(p.numel() for p in model.parameters())
+    del model
+    if torch.cuda.is_available():   # give the cached blocks back before vLLM sizes its share of the GPU
+        torch.cuda.empty_cache()
+    return n
 
 
 def main():
+    t_start = time.perf_counter()
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shape", choices=sorted(SHAPES), default="1.5b", help="bench.update's model shapes")
     ap.add_argument("--env", default="alfworld", help="train.py --env (its preset applies)")
@@ -99,12 +101,12 @@ def main():
     train.main(argv)
     with open(os.path.join(out_dir, "metrics.jsonl")) as f:
         m = json.loads(f.readlines()[-1])
-    start_up = time.perf_counter() - t_main - m["wall"]   # train.py's set-up: load, engine, env workers
+    start_up = time.perf_counter() - t_main - m["wall"]   # load, engine, env workers; and their teardown
     res = {"shape": args.shape, "params": n_params, "argv": argv, "start_up_s": start_up,
            **{k: m.get(k) for k in (*PHASES, "samples", "episode_length", "prompt_tokens", "response_tokens",
                                     "update_tokens_per_s", "mfu", "logp_gap")}}
     print(f"\none iteration of python train.py {' '.join(argv)} (a random {args.shape} model): "
-          f"{m['time_iteration']:.1f} s; train.py's set-up before it {start_up:.0f} s")
+          f"{m['time_iteration']:.1f} s; train.py's set-up (and teardown) around it {start_up:.0f} s")
     print("| " + " | ".join(k[5:] for k in PHASES) + " | samples | prompt / response tokens per sample | "
           "update tokens/s | MFU |")
     print("|---" * (len(PHASES) + 4) + "|")
@@ -117,7 +119,7 @@ def main():
     if args.json:
         with open(args.json, "a") as f:
             f.write(json.dumps(res) + "\n")
-    print(f"bench total {time.perf_counter() - T0:.0f} s", file=sys.stderr)
+    print(f"bench total {time.perf_counter() - t_start:.0f} s (model folder, train.py's set-up, the iteration)")
 
 
 if __name__ == "__main__":
