@@ -5,6 +5,7 @@ that need games skip. The worker-restart test runs on the treasure game too, so 
 import io
 import json
 import os
+import random
 import re
 import signal
 import subprocess
@@ -70,6 +71,27 @@ def test_walkthrough_wins_with_reward_10_and_reset_is_repeatable(data_dir):
         obs, reward, term, trunc, info = env.step(action)
     assert (reward, term, trunc, info["won"]) == (10.0, True, False, True)
     assert env.reset(3 + len(env.games)) == first      # same game (seed mod games), same start
+
+
+def test_cached_template_parses_play_the_same_game(data_dir, monkeypatch):
+    """envs.alfworld memoizes TextWorld's template parser: the same observations, admissible lists and
+    rewards as TextWorld's own parser, step for step, on two games of random admissible actions."""
+    import envs.alfworld as alf
+    assert alf.textgen._parse_and_convert is not alf.textgen_parse   # applied on import
+
+    def play(seed):
+        env, rng = alf.ALFWorld("valid_unseen", data_dir=data_dir, max_steps=15), random.Random(seed)
+        obs, info = env.reset(seed)
+        trace = [(obs, info["admissible_actions"])]
+        for _ in range(15):
+            obs, reward, term, trunc, info = env.step(rng.choice(sorted(info["admissible_actions"])))
+            trace.append((obs, info["admissible_actions"], reward, term, trunc))
+        env.env.close()
+        return trace
+    cached = [play(s) for s in (0, 5)]
+    monkeypatch.setattr(alf.textgen, "_parse_and_convert", alf.textgen_parse)
+    assert [play(s) for s in (0, 5)] == cached
+    assert len(cached[0]) == 16 and len(set(t[0] for t in cached[0])) > 3   # a real walk, not one screen
 
 
 def test_unparseable_response_is_invalid_and_env_survives(data_dir):
