@@ -2,7 +2,7 @@
 
     python -m bench.alfworld                      # both, markdown tables on stdout
     python -m bench.alfworld --workers 1 2 4 8 16 --tokenizer PATH_OR_NAME
-    python -m bench.alfworld --cache_ab 1 --rounds 20   # envs.alfworld's template-parse cache, A/B
+    python -m bench.alfworld --cache_ab 1 --rounds 20   # envs.alfworld's caches, A/B
 
 1. 16 groups x 8 envs (the paper's batch) on valid_unseen games, in 1, 2, 4, ... worker processes:
    resets/s (one reset of all 128 envs: 16 games loaded 8 times each; it includes the workers'
@@ -72,16 +72,19 @@ def main():
     ap.add_argument("--tokenizer", default=None, help="HF tokenizer name/path; default: whitespace words")
     ap.add_argument("--skip", choices=["envs", "prompts"], default=None)
     ap.add_argument("--cache_ab", type=int, default=0,
-                    help="1: only the A/B of envs.alfworld's template-parse cache: 4 x 4 envs in-process, "
-                         "TextWorld's own parser, then the cached one, then TextWorld's again")
+                    help="1: only the A/B of envs.alfworld's caches (template parses, PDDL translations): "
+                         "4 x 4 envs in-process, without, with each, without again")
     args = ap.parse_args()
     if args.cache_ab:
         import envs.alfworld as alf
-        cached = alf.textgen._parse_and_convert
-        print("| template parser (in-process, 4 x 4 envs) | resets/s (16 envs) | steps/s (16 envs) |\n|---|---|---|")
-        for name, parse in (("TextWorld's", alf.textgen_parse), ("cached (the default)", cached),
-                            ("TextWorld's, again", alf.textgen_parse)):
-            alf.textgen._parse_and_convert = parse
+        cached = alf.textgen._parse_and_convert, alf.fast_downward.pddl2sas
+        own = alf.textgen_parse, alf.pddl_translate
+        print("| envs.alfworld's caches (in-process, 4 x 4 envs) | resets/s (16 envs) | steps/s (16 envs) |\n"
+              "|---|---|---|")
+        for name, (parse, translate) in (("none (TextWorld's own)", own), ("template parses", (cached[0], own[1])),
+                                         ("template parses + PDDL translations (the default)", cached),
+                                         ("none, again", own)):
+            alf.textgen._parse_and_convert, alf.fast_downward.pddl2sas = parse, translate
             resets, steps = env_throughput(0, n_groups=4, group_size=4, rounds=args.rounds)
             print(f"| {name} | {resets:.1f} | {steps:.1f} |", flush=True)
         return

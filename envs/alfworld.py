@@ -21,6 +21,8 @@ Measured on 2 cores: load + reset ~0.8-1.2 s per game, step ~40-60 ms, ~10 MB pe
 Most of a step was TextWorld parsing the same text-grammar templates again (`textgen.derive`, to
 word each admissible command); `cache_textgen_parses()`, applied on import, keeps each parse and
 hands out copies: the same observations and admissible lists, steps ~1.8x faster (tests/test_alfworld.py).
+Most of a reset was fast-downward translating the game's PDDL, four times; `cache_pddl_translations()`
+keeps the last 16 games' translations per process (`python -m bench.alfworld --cache_ab 1`).
 
 The expert (`ALFWorld(expert=True)`, `--env_args expert=1`): info["expert_action"] is the next
 action of a plan that wins the game from the current state ("" once won). The plan is the game's
@@ -43,6 +45,7 @@ import os
 import random
 import tarfile
 
+import fast_downward
 import gymnasium
 import textworld
 import textworld.envs.pddl.textgen as textgen
@@ -68,8 +71,29 @@ def cache_textgen_parses():
     textgen._parse_and_convert = cached
 
 
+def cache_pddl_translations(size=16):
+    """Memoize fast-downward's PDDL -> SAS translation (per process, the last `size` games' tasks).
+    TextWorld translates a game twice when it builds a game's state (plain and optimized for the
+    planner), at load and again at every reset: ~90% of a reset. The translation is pure (the same
+    domain and problem text, the same task); each call gets a deep copy of the task object, the SAS
+    text as is. Then a reset of a loaded game, and the other envs of a group in the same worker, skip
+    it. Idempotent."""
+    if getattr(fast_downward.pddl2sas, "cached", False):
+        return
+    translate = functools.lru_cache(maxsize=size)(
+        lambda domain, problem, optimize: pddl_translate(domain, problem, optimize=optimize))
+
+    def cached(domain, problem, verbose=False, optimize=False):
+        task, sas = translate(domain, problem, bool(optimize))
+        return copy.deepcopy(task), sas
+    cached.cached = True
+    fast_downward.pddl2sas = cached
+
+
 textgen_parse = textgen._parse_and_convert   # TextWorld's own, uncached
+pddl_translate = fast_downward.pddl2sas       # fast-downward's own, uncached
 cache_textgen_parses()
+cache_pddl_translations()
 
 TASK_TYPES = {  # game folder prefix -> the short name used in the paper's tables
     "pick_and_place_simple": "pick", "look_at_obj_in_light": "look",

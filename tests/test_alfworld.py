@@ -73,11 +73,13 @@ def test_walkthrough_wins_with_reward_10_and_reset_is_repeatable(data_dir):
     assert env.reset(3 + len(env.games)) == first      # same game (seed mod games), same start
 
 
-def test_cached_template_parses_play_the_same_game(data_dir, monkeypatch):
-    """envs.alfworld memoizes TextWorld's template parser: the same observations, admissible lists and
-    rewards as TextWorld's own parser, step for step, on two games of random admissible actions."""
+def test_cached_parses_and_translations_play_the_same_game(data_dir, monkeypatch):
+    """envs.alfworld memoizes TextWorld's template parser and fast-downward's PDDL translation: the
+    same observations, admissible lists and rewards as without, step for step, on games of random
+    admissible actions (one game twice, in two envs, so the second loads from the cache)."""
     import envs.alfworld as alf
     assert alf.textgen._parse_and_convert is not alf.textgen_parse   # applied on import
+    assert alf.fast_downward.pddl2sas is not alf.pddl_translate
 
     def play(seed):
         env, rng = alf.ALFWorld("valid_unseen", data_dir=data_dir, max_steps=15), random.Random(seed)
@@ -88,9 +90,10 @@ def test_cached_template_parses_play_the_same_game(data_dir, monkeypatch):
             trace.append((obs, info["admissible_actions"], reward, term, trunc))
         env.env.close()
         return trace
-    cached = [play(s) for s in (0, 5)]
+    cached = [play(s) for s in (0, 5, 0)]   # game 0 again: its translation comes from the cache
     monkeypatch.setattr(alf.textgen, "_parse_and_convert", alf.textgen_parse)
-    assert [play(s) for s in (0, 5)] == cached
+    monkeypatch.setattr(alf.fast_downward, "pddl2sas", alf.pddl_translate)
+    assert [play(s) for s in (0, 5, 0)] == cached
     assert len(cached[0]) == 16 and len(set(t[0] for t in cached[0])) > 3   # a real walk, not one screen
 
 
