@@ -17,12 +17,11 @@ Data: `$ALFWORLD_DATA/json_2.1.1/{train,valid_seen,valid_unseen}/<task>/<trial>/
 layout `alfworld-download` makes (3553 / 140 / 134 games; movable and sliced tasks left out, as
 alfworld does). Offline, `unpack()` extracts it from an archive of that layout.
 
-Measured on 2 cores: load + reset ~0.8-1.2 s per game, step ~40-60 ms, ~10 MB per loaded game.
+Measured on 2 cores before the caches below: load + reset ~0.8-1.2 s per game, step ~40-60 ms, ~10 MB a game.
 Most of a step was TextWorld parsing the same text-grammar templates again (`textgen.derive`, to
-word each admissible command); `cache_textgen_parses()`, applied on import, keeps each parse and
-hands out copies: the same observations and admissible lists, steps ~1.8x faster (tests/test_alfworld.py).
-Most of a reset was fast-downward translating the game's PDDL, four times; `cache_pddl_translations()`
-keeps the last 16 games' translations per process (`python -m bench.alfworld --cache_ab 1`).
+word each admissible command), and most of a reset fast-downward translating the game's PDDL, four
+times; both are memoized on import (`memoize_copies`): the same observations and admissible lists
+(tests/test_alfworld.py), steps ~1.8x and resets ~4x faster (`python -m bench.alfworld --cache_ab 1`).
 
 The expert (`ALFWorld(expert=True)`, `--env_args expert=1`): info["expert_action"] is the next
 action of a plan that wins the game from the current state ("" once won). The plan is the game's
@@ -55,45 +54,23 @@ from textworld.envs.wrappers import Filter
 from envs import TextSpace
 
 
-def cache_textgen_parses():
-    """Memoize TextWorld's template parser. textgen.derive() re-parses its template string (tatsu)
-    for every admissible command on every step, and the templates are a small fixed set; a parse
-    is pure (the same text, the same symbols), and its callers mutate what they get (each symbol's
-    context), so each call gets a deep copy of the cached result. Idempotent."""
-    if getattr(textgen._parse_and_convert, "cached", False):
-        return
-    parse = functools.lru_cache(maxsize=8192)(
-        lambda text, rule_name, trace: textgen_parse(text, rule_name=rule_name, trace=trace))
-
-    def cached(text, rule_name=None, trace=False):
-        return copy.deepcopy(parse(text, rule_name, trace))
-    cached.cached = True
-    textgen._parse_and_convert = cached
+def memoize_copies(fn, size):
+    """fn with its results kept (LRU, the last `size` argument sets) and handed out as deep copies:
+    for a pure function whose callers mutate what they get."""
+    cached = functools.lru_cache(maxsize=size)(fn)
+    return functools.wraps(fn)(lambda *args, **kwargs: copy.deepcopy(cached(*args, **kwargs)))
 
 
-def cache_pddl_translations(size=16):
-    """Memoize fast-downward's PDDL -> SAS translation (per process, the last `size` games' tasks).
-    TextWorld translates a game twice when it builds a game's state (plain and optimized for the
-    planner), at load and again at every reset: ~90% of a reset. The translation is pure (the same
-    domain and problem text, the same task); each call gets a deep copy of the task object, the SAS
-    text as is. Then a reset of a loaded game, and the other envs of a group in the same worker, skip
-    it. Idempotent."""
-    if getattr(fast_downward.pddl2sas, "cached", False):
-        return
-    translate = functools.lru_cache(maxsize=size)(
-        lambda domain, problem, optimize: pddl_translate(domain, problem, optimize=optimize))
-
-    def cached(domain, problem, verbose=False, optimize=False):
-        task, sas = translate(domain, problem, bool(optimize))
-        return copy.deepcopy(task), sas
-    cached.cached = True
-    fast_downward.pddl2sas = cached
-
-
-textgen_parse = textgen._parse_and_convert   # TextWorld's own, uncached
-pddl_translate = fast_downward.pddl2sas       # fast-downward's own, uncached
-cache_textgen_parses()
-cache_pddl_translations()
+# TextWorld's two slow pure functions, memoized for this process (the libraries' own kept beside):
+# - textgen's template parser: derive() re-parses (tatsu) the template of every admissible command on
+#   every step, from a small fixed set of templates; its callers then set each symbol's context.
+# - fast-downward's PDDL -> SAS translation: TextWorld builds a game's state at load and again at
+#   every reset, each time translating twice (plain, and optimized for the planner): ~90% of a reset.
+#   32 entries = the last 16 games; a reset of a loaded game, and a group's other envs in the same
+#   worker, skip it.
+textgen_parse, pddl_translate = textgen._parse_and_convert, fast_downward.pddl2sas
+textgen._parse_and_convert = memoize_copies(textgen_parse, 8192)
+fast_downward.pddl2sas = memoize_copies(pddl_translate, 32)
 
 TASK_TYPES = {  # game folder prefix -> the short name used in the paper's tables
     "pick_and_place_simple": "pick", "look_at_obj_in_light": "look",
