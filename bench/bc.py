@@ -17,8 +17,8 @@ RL run would build in that state. Each target reply is checked to parse back to 
 with that module's own parser. One pass writes a file per prompt ("{prompt}" in the path): the
 games are the slow part, not the prompts. The trainer scores the reply tokens (+ EOS, as rollouts
 sample it) after the chat-template prompt that rollout.render_prompts makes, with ppo.make_batch and
-ppo.response_logprobs, the update's own code path; fp32 weights, bf16 autocast on GPU, AdamW, linear
-decay; every 20th game is held out for a validation loss. The output is an HF folder train.py loads.
+ppo.response_logprobs, the update's own code path (packed rows and bf16 weights on GPU, fp32 on
+CPU); AdamW, linear decay; every 20th game is held out for a validation loss. The output is an HF folder train.py loads.
 The expert plans on the full game state (it knows where hidden objects are), so a clone learns
 likely places, not the truth: a start for RL, not a ceiling.
 """
@@ -114,10 +114,10 @@ def train(args):
     device = torch.device(args.device if args.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(args.seed)
     try:
-        tok = AutoTokenizer.from_pretrained(args.model)
-        # GPU: packed rows with varlen attention, as train.py (SDPA on left-padded bf16 rows gave NaN losses)
         from fsdp import attn_implementation
-        # (its kernel takes bf16 only: on GPU the weights are bf16 throughout, fp32 on CPU)
+        tok = AutoTokenizer.from_pretrained(args.model)
+        # GPU: packed rows with varlen attention, as train.py (SDPA on left-padded bf16 rows gave NaN
+        # losses); that kernel takes bf16 only, so on GPU the weights are bf16 throughout, fp32 on CPU
         model = AutoModelForCausalLM.from_pretrained(
             args.model, dtype=torch.bfloat16 if device.type == "cuda" else torch.float32,
             attn_implementation=attn_implementation(device)).to(device)
@@ -152,7 +152,8 @@ def train(args):
         bar.set_postfix(loss=f"{sum(losses[-20:]) / len(losses[-20:]):.4f}", refresh=False)
     model.eval()
     with torch.no_grad():   # per reply token, over all held-out steps
-        val_logp = [reply_logp(model, samples, val[i:i + args.batch], pad_id, device) for i in range(0, len(val), args.batch)]
+        val_logp = [reply_logp(model, samples, val[i:i + args.batch], pad_id, device)
+                    for i in range(0, len(val), args.batch)]
         val_loss = -torch.cat(val_logp).mean().item() if val else float("nan")
     model.save_pretrained(args.out)
     tok.save_pretrained(args.out)
