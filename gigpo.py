@@ -376,12 +376,9 @@ def advantage_stats(scores, group_ids, step_group_ids):
     Empty input gives zeros and an empty histogram.
     """
     x = _f64(scores)
-    by_group = defaultdict(list)
-    for g, xi in zip(group_ids, x):
-        by_group[g].append(xi)
     sizes = list(Counter(list(step_group_ids)).values())
-    n_groups, n_steps = len(by_group), len(sizes)
-    zero_var = sum(max(v) == min(v) for v in by_group.values())
+    n_groups, n_steps = len(set(group_ids)), len(sizes)
+    zero_var = len({g for g, tied in zip(group_ids, tied_groups(x, group_ids)) if tied})
     return {
         "zero_var_group_frac": zero_var / n_groups if n_groups else 0.0,
         "step_group_size_hist": dict(sorted(Counter(sizes).items())),
