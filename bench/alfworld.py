@@ -77,16 +77,16 @@ def main():
     args = ap.parse_args()
     if args.cache_ab:
         import envs.alfworld as alf
-        cached = alf.textgen._parse_and_convert, alf.fast_downward.pddl2sas
-        own = alf.textgen_parse, alf.pddl_translate
+        parse = alf.textgen_parse, alf.textgen._parse_and_convert          # (the library's own, cached)
+        translate = alf.pddl_translate, alf.fast_downward.pddl2sas
         print("| envs.alfworld's caches (in-process, 4 x 4 envs) | resets/s (16 envs) | steps/s (16 envs) |\n"
               "|---|---|---|")
-        for name, (parse, translate) in (("none (TextWorld's own)", own), ("template parses", (cached[0], own[1])),
-                                         ("template parses + PDDL translations (the default)", cached),
-                                         ("none, again", own)):
-            alf.textgen._parse_and_convert, alf.fast_downward.pddl2sas = parse, translate
+        for name, p, t in (("none (TextWorld's own)", 0, 0), ("template parses", 1, 0),
+                           ("template parses + PDDL translations (the default)", 1, 1), ("none, again", 0, 0)):
+            alf.textgen._parse_and_convert, alf.fast_downward.pddl2sas = parse[p], translate[t]
             resets, steps = env_throughput(0, n_groups=4, group_size=4, rounds=args.rounds)
             print(f"| {name} | {resets:.1f} | {steps:.1f} |", flush=True)
+        alf.textgen._parse_and_convert, alf.fast_downward.pddl2sas = parse[1], translate[1]
         return
     if args.skip != "envs":
         print("| env workers | resets/s (128 envs) | steps/s (128 envs) |\n|---|---|---|", flush=True)
