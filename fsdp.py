@@ -248,7 +248,7 @@ def full_parameters(model):
 
 
 # ---- checkpoints: one resumable checkpoint (sharded) + HF export ----
-RESUME_FREE = {"resume", "iterations", "eval_every", "threads", "env_workers", "wandb", "device", "out_dir"}
+RESUME_FREE = {"resume", "iterations", "eval_every", "time_limit", "threads", "env_workers", "wandb", "device", "out_dir"}
 
 
 def _swap_in(tmp, final):

@@ -124,6 +124,8 @@ class Config:
                                    # 8x this many episodes per eval set (records.py); 0 = none
     log_mb: int = 100              # episodes.jsonl stops growing at this size
     resume: bool = False           # continue from out_dir/ckpt (same config; --iterations may grow)
+    time_limit: float = 0.0        # minutes of this call's training: stop at the first iteration past them,
+                                   # evaluated and saved as at the end (--resume goes on); 0 = none
     peak_tflops: float = 0.0       # the device's peak bf16 TFLOP/s per GPU, for the mfu metric (H200: ~790)
     eval_only: bool = False        # load --model, evaluate it (as above), print the result, exit
     eval_sets: str = ""            # envs with named eval sets (alfworld): comma-separated names to run; "" = all
@@ -223,7 +225,8 @@ def main(argv=None):
             engine.wake()
             sync_weights(engine, full_parameters(model))
         # 5. eval, every eval_every and at the end (rank 0; a few episodes of each set recorded)
-        checkpoint = it % cfg.eval_every == 0 or it == cfg.iterations
+        out_of_time = cfg.time_limit > 0 and all_reduce(time.perf_counter() - t_run, "max") > 60 * cfg.time_limit
+        checkpoint = it % cfg.eval_every == 0 or it == cfg.iterations or out_of_time
         if checkpoint and rank == 0:
             eval_rates = evaluate(tok, cfg, eval_envs, prompt, engine, on_samples=lambda name, s: episode_log.write(
                 records.episodes(s, tok, it, name, max_episodes=8 * cfg.log_groups)))
@@ -251,6 +254,10 @@ def main(argv=None):
             saved = it
         if rank == 0:
             show_progress(bar, m, it, wandb, line=it == start + 1 or it % cfg.eval_every == 0)
+        if out_of_time:
+            print0(f"--time_limit {cfg.time_limit:g} min reached: stopped after iteration {it} of "
+                   f"{cfg.iterations} (--resume 1 goes on)")
+            break
     bar.close()
     envs.close()
     if rank == 0:

@@ -191,3 +191,16 @@ def test_huge_lr_stops_before_anything_is_saved(run):
         train.main([*ARGS, "--iterations", "2", "--lr", "1e30", "--out_dir", str(run)])
     one_line_error(e, "iteration 1: non-finite update", "saved nothing yet")
     assert {k: v for k, v in snapshot(run).items() if k.parts[0] in ("ckpt", "model")} == ckpt_model
+
+
+def test_time_limit_stops_evaluated_and_saved_then_resume_goes_on(tmp_path, capsys):
+    """--time_limit: the first iteration past it is the last, with the eval and checkpoint of an end;
+    --resume (the limit may change) trains on to --iterations."""
+    out = tmp_path / "run"
+    args = [*ARGS, "--eval_every", "10", "--iterations", "3", "--out_dir", str(out)]
+    train.main([*args, "--time_limit", "1e-9"])
+    assert iterations(out) == [1]
+    assert json.load(open(out / "ckpt" / "meta.json"))["iteration"] == 1
+    assert "stopped after iteration 1 of 3" in capsys.readouterr().out
+    train.main([*args, "--resume", "1"])
+    assert iterations(out) == [1, 2, 3]
