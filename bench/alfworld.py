@@ -2,7 +2,7 @@
 
     python -m bench.alfworld                      # both, markdown tables on stdout
     python -m bench.alfworld --workers 1 2 4 8 16 --tokenizer PATH_OR_NAME
-    python -m bench.alfworld --cache_ab 1 --rounds 20   # envs.alfworld's caches, A/B
+    python -m bench.alfworld --speedup_ab 1 --rounds 20   # envs.alfworld's speed-ups, A/B
 
 1. 16 groups x 8 envs (the paper's batch) on valid_unseen games, in 1, 2, 4, ... worker processes:
    resets/s (one reset of all 128 envs: 16 games loaded 8 times each; it includes the workers'
@@ -71,22 +71,22 @@ def main():
     ap.add_argument("--episodes", type=int, default=8, help="games for the prompt-length table")
     ap.add_argument("--tokenizer", default=None, help="HF tokenizer name/path; default: whitespace words")
     ap.add_argument("--skip", choices=["envs", "prompts"], default=None)
-    ap.add_argument("--cache_ab", type=int, default=0,
-                    help="1: only the A/B of envs.alfworld's caches (template parses, PDDL translations): "
-                         "4 x 4 envs in-process, without, with each, without again")
+    ap.add_argument("--speedup_ab", type=int, default=0,
+                    help="1: only the A/B of envs.alfworld's SPEEDUPS: 4 x 4 envs in-process, without, "
+                         "adding one at a time, without again")
     args = ap.parse_args()
-    if args.cache_ab:
+    if args.speedup_ab:
         import envs.alfworld as alf
-        parse = alf.textgen_parse, alf.textgen._parse_and_convert          # (the library's own, cached)
-        translate = alf.pddl_translate, alf.fast_downward.pddl2sas
-        print("| envs.alfworld's caches (in-process, 4 x 4 envs) | resets/s (16 envs) | steps/s (16 envs) |\n"
+        print("| envs.alfworld's speed-ups (in-process, 4 x 4 envs) | resets/s (16 envs) | steps/s (16 envs) |\n"
               "|---|---|---|")
-        for name, p, t in (("none (TextWorld's own)", 0, 0), ("template parses", 1, 0),
-                           ("template parses + PDDL translations (the default)", 1, 1), ("none, again", 0, 0)):
-            alf.textgen._parse_and_convert, alf.fast_downward.pddl2sas = parse[p], translate[t]
+        names = list(alf.SPEEDUPS)
+        for label, on in [("none (TextWorld's own)", [])] + [
+                (" + ".join(names[:k + 1]) + (" (the default)" if k == len(names) - 1 else ""), names[:k + 1])
+                for k in range(len(names))] + [("none, again", [])]:
+            alf.use_speedups(on)
             resets, steps = env_throughput(0, n_groups=4, group_size=4, rounds=args.rounds)
-            print(f"| {name} | {resets:.1f} | {steps:.1f} |", flush=True)
-        alf.textgen._parse_and_convert, alf.fast_downward.pddl2sas = parse[1], translate[1]
+            print(f"| {label} | {resets:.1f} | {steps:.1f} |", flush=True)
+        alf.use_speedups()
         return
     if args.skip != "envs":
         print("| env workers | resets/s (128 envs) | steps/s (128 envs) |\n|---|---|---|", flush=True)

@@ -17,11 +17,12 @@ Data: `$ALFWORLD_DATA/json_2.1.1/{train,valid_seen,valid_unseen}/<task>/<trial>/
 layout `alfworld-download` makes (3553 / 140 / 134 games; movable and sliced tasks left out, as
 alfworld does). Offline, `unpack()` extracts it from an archive of that layout.
 
-Measured on 2 cores before the caches below: load + reset ~0.8-1.2 s per game, step ~40-60 ms, ~10 MB a game.
-Most of a step was TextWorld parsing the same text-grammar templates again (`textgen.derive`, to
-word each admissible command), and most of a reset fast-downward translating the game's PDDL, four
-times; both are memoized on import (`memoize_copies`): the same observations and admissible lists
-(tests/test_alfworld.py), steps ~1.8x and resets ~4x faster (`python -m bench.alfworld --cache_ab 1`).
+Measured on 2 cores before the speed-ups below: load + reset ~0.8-1.2 s per game, step ~25-60 ms,
+~10 MB a game. Nearly all of a step was TextWorld wording each admissible command (`textgen.derive`):
+re-parsing the same grammar templates and conditions, and deep-copying its contexts; most of a
+reset was fast-downward translating the game's PDDL, four times. SPEEDUPS memoizes the parses and
+translations and makes the copies shallow, on import: the same observations and admissible lists
+(tests/test_alfworld.py), steps ~6x and resets ~4x faster (`python -m bench.alfworld --speedup_ab 1`).
 
 The expert (`ALFWorld(expert=True)`, `--env_args expert=1`): info["expert_action"] is the next
 action of a plan that wins the game from the current state ("" once won). The plan is the game's
@@ -48,6 +49,7 @@ import fast_downward
 import gymnasium
 import textworld
 import textworld.envs.pddl.textgen as textgen
+import textworld.logic as logic
 from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredInfos
 from textworld.envs.wrappers import Filter
 
@@ -61,16 +63,38 @@ def memoize_copies(fn, size):
     return functools.wraps(fn)(lambda *args, **kwargs: copy.deepcopy(cached(*args, **kwargs)))
 
 
-# TextWorld's two slow pure functions, memoized for this process (the libraries' own kept beside):
+def shallow_context(context):
+    """textgen.copy_context without its deep copies of the `variables` and `mapping` dicts: their
+    only users add entries to the copy (textgen.query) or read it; no one changes an entity in them,
+    so new dicts hold the same words. The deep copies (of every entity's info) were half of a step."""
+    return {**context, "variables": dict(context["variables"]), "mapping": dict(context["mapping"])}
+
+
+# TextWorld's slow spots, replaced in this process on import; the library's own kept in ORIGINAL.
 # - textgen's template parser: derive() re-parses (tatsu) the template of every admissible command on
 #   every step, from a small fixed set of templates; its callers then set each symbol's context.
+# - textworld.logic's parser: textgen.query parses the same few conditions ("given" clauses) each time.
+# - textgen.copy_context: deep copies on every derivation step (shallow_context above).
 # - fast-downward's PDDL -> SAS translation: TextWorld builds a game's state at load and again at
 #   every reset, each time translating twice (plain, and optimized for the planner): ~90% of a reset.
 #   32 entries = the last 16 games; a reset of a loaded game, and a group's other envs in the same
 #   worker, skip it.
-textgen_parse, pddl_translate = textgen._parse_and_convert, fast_downward.pddl2sas
-textgen._parse_and_convert = memoize_copies(textgen_parse, 8192)
-fast_downward.pddl2sas = memoize_copies(pddl_translate, 32)
+SPEEDUPS = {   # name -> (module, attribute, ours)
+    "template parses": (textgen, "_parse_and_convert", memoize_copies(textgen._parse_and_convert, 8192)),
+    "condition parses": (logic, "_parse_and_convert", memoize_copies(logic._parse_and_convert, 8192)),
+    "shallow contexts": (textgen, "copy_context", shallow_context),
+    "PDDL translations": (fast_downward, "pddl2sas", memoize_copies(fast_downward.pddl2sas, 32)),
+}
+ORIGINAL = {name: getattr(module, attr) for name, (module, attr, _) in SPEEDUPS.items()}
+
+
+def use_speedups(names=tuple(SPEEDUPS)):
+    """Switch SPEEDUPS on by name, the rest back to TextWorld's own (tests and bench.alfworld's A/B)."""
+    for name, (module, attr, ours) in SPEEDUPS.items():
+        setattr(module, attr, ours if name in names else ORIGINAL[name])
+
+
+use_speedups()
 
 TASK_TYPES = {  # game folder prefix -> the short name used in the paper's tables
     "pick_and_place_simple": "pick", "look_at_obj_in_light": "look",

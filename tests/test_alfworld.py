@@ -73,28 +73,33 @@ def test_walkthrough_wins_with_reward_10_and_reset_is_repeatable(data_dir):
     assert env.reset(3 + len(env.games)) == first      # same game (seed mod games), same start
 
 
-def test_cached_parses_and_translations_play_the_same_game(data_dir, monkeypatch):
-    """envs.alfworld memoizes TextWorld's template parser and fast-downward's PDDL translation: the
-    same observations, admissible lists and rewards as without, step for step, on games of random
-    admissible actions (one game twice, in two envs, so the second loads from the cache)."""
+def test_speedups_play_the_same_game(data_dir):
+    """envs.alfworld replaces TextWorld's slow spots (memoized template and condition parses and PDDL
+    translations, shallow context copies): the same observations, admissible lists and rewards as
+    TextWorld's own, step for step, on games of random admissible actions (one game twice, so the
+    second loads from the cache), with all of them and with each alone."""
     import envs.alfworld as alf
-    assert alf.textgen._parse_and_convert is not alf.textgen_parse   # applied on import
-    assert alf.fast_downward.pddl2sas is not alf.pddl_translate
+    assert all(getattr(m, a) is ours for m, a, ours in alf.SPEEDUPS.values())   # applied on import
 
     def play(seed):
-        env, rng = alf.ALFWorld("valid_unseen", data_dir=data_dir, max_steps=15), random.Random(seed)
+        env, rng = alf.ALFWorld("valid_unseen", data_dir=data_dir, max_steps=30), random.Random(seed)
         obs, info = env.reset(seed)
         trace = [(obs, info["admissible_actions"])]
-        for _ in range(15):
+        for _ in range(30):
             obs, reward, term, trunc, info = env.step(rng.choice(sorted(info["admissible_actions"])))
             trace.append((obs, info["admissible_actions"], reward, term, trunc))
         env.env.close()
         return trace
-    cached = [play(s) for s in (0, 5, 0)]   # game 0 again: its translation comes from the cache
-    monkeypatch.setattr(alf.textgen, "_parse_and_convert", alf.textgen_parse)
-    monkeypatch.setattr(alf.fast_downward, "pddl2sas", alf.pddl_translate)
-    assert [play(s) for s in (0, 5, 0)] == cached
-    assert len(cached[0]) == 16 and len(set(t[0] for t in cached[0])) > 3   # a real walk, not one screen
+    try:
+        fast = [play(s) for s in (0, 5, 0)]
+        alf.use_speedups(())
+        assert [play(s) for s in (0, 5, 0)] == fast
+        for name in alf.SPEEDUPS:
+            alf.use_speedups([name])
+            assert [play(s) for s in (5,)] == fast[1:2], name
+    finally:
+        alf.use_speedups()
+    assert len(fast[0]) == 31 and len(set(t[0] for t in fast[0])) > 3   # a real walk, not one screen
 
 
 def test_unparseable_response_is_invalid_and_env_survives(data_dir):
