@@ -1,5 +1,6 @@
 """What a run writes besides its checkpoints: metrics.jsonl, and whole episodes, to see what the
-agent did and what GiGPO made of it.
+agent did and what GiGPO made of it; and what makes the metrics line (the phase timer, the training
+numbers summed over ranks, MFU), the progress bar and wandb.
 
 `out_dir/metrics.jsonl` gets one line per iteration (README, "Metrics"); a resumed run keeps the
 lines of the iterations its checkpoint holds (kept_log) and drops the rest.
@@ -13,13 +14,18 @@ state and its step group (id and size). Evaluation steps have no advantages (nul
 Bounded: a prompt is cut to its last PROMPT_CHARS characters, and the file stops growing at
 `--log_mb` MiB (one line says so); the viewer (`python plots.py OUT_DIR`) reads it.
 """
+import contextlib
+import dataclasses
 import json
 import os
+import time
 
 import numpy as np
+import torch
+from tqdm import tqdm
 
 import gigpo
-from fsdp import fail
+from fsdp import all_reduce, fail
 
 PROMPT_CHARS = 4000
 
@@ -135,3 +141,75 @@ def wandb_table(wandb, recs):
     rows = [[r["iteration"], r["traj"], x["step"], x["anchor"], x["response"], x["action"], x["valid"], x["reward"],
              x.get("adv_episode"), x.get("adv_step"), x.get("adv")] for r in recs for x in r["steps"]]
     return wandb.Table(columns=cols, data=rows)
+
+
+# ---- the metrics line: phase timer, the training numbers, MFU, the progress bar and wandb ----
+class Timer(dict):
+    """Seconds per phase of one iteration: `with timer("update", device):` adds the block's seconds to
+    timer["update"] (on CUDA once the device has finished the block's work); since_start() is the
+    whole iteration so far."""
+
+    def __init__(self):
+        super().__init__()
+        self.t0 = time.perf_counter()
+
+    @contextlib.contextmanager
+    def __call__(self, name, device=None):
+        t0 = time.perf_counter()
+        yield
+        if device is not None and device.type == "cuda":
+            torch.cuda.synchronize()
+        self[name] = self.get(name, 0.0) + time.perf_counter() - t0
+
+    def since_start(self):
+        return time.perf_counter() - self.t0
+
+
+def training_metrics(samples, trained, episodes, n_dead, adv, old):
+    """The iteration's training numbers (README, "Metrics"). Summed over all ranks, then divided:
+    episodes won, their returns and lengths, episodes, step samples (collected), valid ones, |rollout -
+    training log-prob| over the trained response tokens (old: the training model's; DAPO's dynamic
+    sampling may leave none) and their count, episodes lost to dead workers. The token means (of the
+    collected samples) and adv_abs (of the trained ones) are this rank's."""
+    gap = torch.cat([torch.zeros(0)] + [(o - torch.tensor(s.logprobs)).abs() for o, s in zip(old, trained)])
+    sums = {"won": sum(e["won"] for e in episodes), "return": sum(e["return"] for e in episodes),
+            "length": sum(e["length"] for e in episodes), "episodes": len(episodes), "samples": len(samples),
+            "valid": sum(s.valid for s in samples), "gap": float(gap.sum()), "gap_tokens": len(gap),
+            "worker_died": n_dead}
+    tot = dict(zip(sums, all_reduce(torch.tensor(list(sums.values()), dtype=torch.float64)).tolist()))
+    return {"success": tot["won"] / tot["episodes"], "reward": tot["return"] / tot["episodes"],
+            "valid_ratio": tot["valid"] / tot["samples"], "episode_length": tot["length"] / tot["episodes"],
+            "samples": tot["samples"], "worker_died": tot["worker_died"],
+            "prompt_tokens": float(np.mean([len(s.prompt_ids) for s in samples])),
+            "response_tokens": float(np.mean([len(s.response_ids) for s in samples])),
+            "adv_abs": float(np.abs(adv).mean()) if len(adv) else 0.0,
+            "logp_gap": tot["gap"] / max(tot["gap_tokens"], 1)}
+
+
+def mfu(cfg, model, tokens, seconds, world):
+    """Model FLOPs utilisation of time_update: 2N FLOPs per token for the forward of the old log-probs
+    and 6N per token and epoch for the update's forward/backward, N parameters, over the peak of all ranks."""
+    n_params = sum(p.numel() for p in model.parameters())
+    return (2 + 6 * cfg.ppo_epochs) * n_params * tokens / seconds / (cfg.peak_tflops * 1e12 * world)
+
+
+def show_progress(bar, m, it, wandb, line):
+    """Rank 0: the metrics to wandb (when asked), the live numbers on the bar, and with `line` a
+    printed summary (the first iteration and every eval)."""
+    if wandb:
+        wandb.log({k: v for k, v in m.items() if isinstance(v, (int, float))}, step=it)
+    ev = m["eval_success"]
+    bar.set_postfix(success=f"{m['success']:.2f}", reward=f"{m['reward']:.2f}", valid=f"{m['valid_ratio']:.2f}",
+                    eval=ev if ev is None else f"{ev:.2f}", refresh=False)
+    if line:
+        tqdm.write(f"it {it}: {int(m['samples'])} samples, {m['samples_per_s']:.0f} samples/s | time gen "
+                   f"{m['time_gen']:.2f}s env {m['time_env']:.2f}s update {m['time_update']:.2f}s "
+                   f"other {m['time_rollout_other']:.2f}s | success {m['success']:.2f} valid "
+                   f"{m['valid_ratio']:.2f} eval {ev}")
+
+
+def open_wandb(cfg):
+    """--wandb 1 (rank 0): a Weights & Biases run with the config, its files under out_dir."""
+    import wandb
+    wandb.init(project="gigpo", config=dataclasses.asdict(cfg), dir=cfg.out_dir)
+    return wandb

@@ -17,8 +17,8 @@ main() runs these numbered sections once per iteration:
   4. push weights the new weights into the generation engine (rollout.sync_weights)
   5. eval         every `eval_every` and at the end: greedy on held-out seeds, or an env's own sets
                   (ALFWorld's splits at T=0.4), each reported apart (evaluate.py)
-  6. log          the metrics line (README, "Metrics"), then at an eval the checkpoint: ckpt/ and
-                  model/ never lead the log; wandb, the progress bar
+  6. log          the metrics line (README, "Metrics"; records.py), then at an eval the checkpoint:
+                  ckpt/ and model/ never lead the log; wandb, the progress bar
 Below main: the helpers of its sections, then the command line (parse_args; its checks: checks.py).
 """
 import contextlib
@@ -181,7 +181,7 @@ def main(argv=None):
     print0(f"random policy on the eval episodes ({eval_what(cfg).split(',')[0]}): success "
            f"{baseline and success_text(baseline)}")
     log = records.open_metrics_log(cfg, kept, start) if rank == 0 else None
-    wandb = open_wandb(cfg) if cfg.wandb and rank == 0 else None
+    wandb = records.open_wandb(cfg) if cfg.wandb and rank == 0 else None
     episode_log = records.EpisodeLog(cfg.out_dir, cfg.log_mb, start) if rank == 0 else None
     shown = []   # this iteration's recorded training episodes: wandb's table at the next eval
     t_run = time.perf_counter()
@@ -190,7 +190,7 @@ def main(argv=None):
     bar = tqdm(range(start + 1, cfg.iterations + 1), desc="train", dynamic_ncols=True, disable=rank != 0,
                initial=start, total=cfg.iterations)
     for it in bar:
-        timer = Timer()
+        timer = records.Timer()
         # 1. collect: this rank's groups, each from its own seed; every env step is a sample
         memories = [make_memory(cfg.memory, cfg.memory_k or None) for _ in range(envs.n)]
         seeds = [train_seed(cfg.seed, it, g, cfg.n_groups, cfg.train_seeds)
@@ -235,7 +235,7 @@ def main(argv=None):
                 wandb.log({"episodes": records.wandb_table(wandb, shown)}, step=it)
         # 6. log: the metrics line first, then the checkpoint (ckpt/ and model/ never lead the log)
         dt = timer.since_start()
-        summed = training_metrics(samples, trained, episodes, n_dead, adv, old)   # all ranks
+        summed = records.training_metrics(samples, trained, episodes, n_dead, adv, old)   # all ranks
         tokens = all_reduce(sum(len(s.prompt_ids) + len(s.response_ids) for s in trained))
         m = {"iteration": it, **summed, "lr": sched.get_last_lr()[0], **adv_stats, **upd,
              "time_gen": timing["gen"], "time_env": timing["env"], "time_rollout_other": timing["other"],
@@ -245,7 +245,7 @@ def main(argv=None):
              **{f"eval_success/{k}": v for k, v in eval_rates.items() if k != "held-out"},
              "wall": time.perf_counter() - t_run}
         if cfg.peak_tflops:
-            m["mfu"] = mfu(cfg, model, tokens, timer["update"], world)
+            m["mfu"] = records.mfu(cfg, model, tokens, timer["update"], world)
         if rank == 0:
             log.write(json.dumps(m) + "\n")
             log.flush()
@@ -253,7 +253,7 @@ def main(argv=None):
             save(model, tok, opt, sched, cfg, it, rank, gen_model, extra)
             saved = it
         if rank == 0:
-            show_progress(bar, m, it, wandb, line=it == start + 1 or it % cfg.eval_every == 0)
+            records.show_progress(bar, m, it, wandb, line=it == start + 1 or it % cfg.eval_every == 0)
         if out_of_time:
             print0(f"--time_limit {cfg.time_limit:g} min reached: stopped after iteration {it} of "
                    f"{cfg.iterations} (--resume 1 goes on)")
@@ -339,34 +339,6 @@ def make_optimizer(cfg, model, device):
     return opt, sched
 
 
-def open_wandb(cfg):
-    """--wandb 1 (rank 0): a Weights & Biases run with the config, its files under out_dir."""
-    import wandb
-    wandb.init(project="gigpo", config=dataclasses.asdict(cfg), dir=cfg.out_dir)
-    return wandb
-
-
-class Timer(dict):
-    """Seconds per phase of one iteration: `with timer("update", device):` adds the block's seconds to
-    timer["update"] (on CUDA once the device has finished the block's work); since_start() is the
-    whole iteration so far."""
-
-    def __init__(self):
-        super().__init__()
-        self.t0 = time.perf_counter()
-
-    @contextlib.contextmanager
-    def __call__(self, name, device=None):
-        t0 = time.perf_counter()
-        yield
-        if device is not None and device.type == "cuda":
-            torch.cuda.synchronize()
-        self[name] = self.get(name, 0.0) + time.perf_counter() - t0
-
-    def since_start(self):
-        return time.perf_counter() - self.t0
-
-
 def train_seed(seed, it, g, n_groups, train_seeds=0):
     """The env seed of group g in iteration it: seed * 10**7 + it * n_groups + g (train_seeds = N:
     + g % N, the same N tasks every iteration). A value that reaches HELD_OUT moves up by HELD_OUT,
@@ -439,49 +411,6 @@ def stop_if_not_finite(model, critic, upd, it, cfg, saved):
              f"weights {'finite' if finite else 'not finite'}); stopped before saving it: "
              + (f"{cfg.out_dir}/ckpt and model/ still hold iteration {saved}" if saved else
                 "this run has saved nothing yet") + " (a lower --lr may help)")
-
-
-def training_metrics(samples, trained, episodes, n_dead, adv, old):
-    """The iteration's training numbers (README, "Metrics"). Summed over all ranks, then divided:
-    episodes won, their returns and lengths, episodes, step samples (collected), valid ones, |rollout -
-    training log-prob| over the trained response tokens (old: the training model's; DAPO's dynamic
-    sampling may leave none) and their count, episodes lost to dead workers. The token means (of the
-    collected samples) and adv_abs (of the trained ones) are this rank's."""
-    gap = torch.cat([torch.zeros(0)] + [(o - torch.tensor(s.logprobs)).abs() for o, s in zip(old, trained)])
-    sums = {"won": sum(e["won"] for e in episodes), "return": sum(e["return"] for e in episodes),
-            "length": sum(e["length"] for e in episodes), "episodes": len(episodes), "samples": len(samples),
-            "valid": sum(s.valid for s in samples), "gap": float(gap.sum()), "gap_tokens": len(gap),
-            "worker_died": n_dead}
-    tot = dict(zip(sums, all_reduce(torch.tensor(list(sums.values()), dtype=torch.float64)).tolist()))
-    return {"success": tot["won"] / tot["episodes"], "reward": tot["return"] / tot["episodes"],
-            "valid_ratio": tot["valid"] / tot["samples"], "episode_length": tot["length"] / tot["episodes"],
-            "samples": tot["samples"], "worker_died": tot["worker_died"],
-            "prompt_tokens": float(np.mean([len(s.prompt_ids) for s in samples])),
-            "response_tokens": float(np.mean([len(s.response_ids) for s in samples])),
-            "adv_abs": float(np.abs(adv).mean()) if len(adv) else 0.0,
-            "logp_gap": tot["gap"] / max(tot["gap_tokens"], 1)}
-
-
-def mfu(cfg, model, tokens, seconds, world):
-    """Model FLOPs utilisation of time_update: 2N FLOPs per token for the forward of the old log-probs
-    and 6N per token and epoch for the update's forward/backward, N parameters, over the peak of all ranks."""
-    n_params = sum(p.numel() for p in model.parameters())
-    return (2 + 6 * cfg.ppo_epochs) * n_params * tokens / seconds / (cfg.peak_tflops * 1e12 * world)
-
-
-def show_progress(bar, m, it, wandb, line):
-    """Rank 0: the metrics to wandb (when asked), the live numbers on the bar, and with `line` a
-    printed summary (the first iteration and every eval)."""
-    if wandb:
-        wandb.log({k: v for k, v in m.items() if isinstance(v, (int, float))}, step=it)
-    ev = m["eval_success"]
-    bar.set_postfix(success=f"{m['success']:.2f}", reward=f"{m['reward']:.2f}", valid=f"{m['valid_ratio']:.2f}",
-                    eval=ev if ev is None else f"{ev:.2f}", refresh=False)
-    if line:
-        tqdm.write(f"it {it}: {int(m['samples'])} samples, {m['samples_per_s']:.0f} samples/s | time gen "
-                   f"{m['time_gen']:.2f}s env {m['time_env']:.2f}s update {m['time_update']:.2f}s "
-                   f"other {m['time_rollout_other']:.2f}s | success {m['success']:.2f} valid "
-                   f"{m['valid_ratio']:.2f} eval {ev}")
 
 
 # ---- the command line and its checks ----
