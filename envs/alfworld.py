@@ -24,6 +24,11 @@ reset was fast-downward translating the game's PDDL, four times. SPEEDUPS memoiz
 translations and makes the copies shallow, on import: the same observations and admissible lists
 (tests/test_alfworld.py), steps ~6x and resets ~4x faster (`python -m bench.alfworld --speedup_ab 1`).
 
+The anchor (GiGPO's step-group key) is the raw observation, as the reference has it. With
+`--env_args inert_anchor=1` an action answered "Nothing happens." keeps the previous anchor: nothing
+changed, so the agent acts from the same state again. The reference's anchor pools every such step,
+whatever state it came from, into one step group (a fifth of a cloned SmolLM2's steps; docs/envs.md).
+
 The expert (`ALFWorld(expert=True)`, `--env_args expert=1`): info["expert_action"] is the next
 action of a plan that wins the game from the current state ("" once won). The plan is the game's
 stored walkthrough at reset; it holds while the agent follows it (or sends an action that is not
@@ -101,6 +106,8 @@ TASK_TYPES = {  # game folder prefix -> the short name used in the paper's table
     "pick_clean_then_place_in_recep": "clean", "pick_heat_then_place_in_recep": "heat",
     "pick_cool_then_place_in_recep": "cool", "pick_two_obj_and_place": "pick2"}
 
+INERT = "Nothing happens."   # the answer to an action that changes nothing (not admissible, or no effect)
+
 # The paper's training setup for `--env alfworld` is train.py's PRESETS["alfworld"].
 TINY_CORPUS_EPISODES = 3   # `--model tiny` trains its word-level tokenizer on this many random episodes (~1 min)
 
@@ -156,10 +163,11 @@ def unpack(archive, dest, splits=("train", "valid_seen", "valid_unseen"), per_ty
 
 
 class ALFWorld(gymnasium.Env):
-    def __init__(self, split="train", data_dir=None, max_steps=50, expert=False):
-        if expert not in (0, 1):   # True/False/0/1, as --env_args gives them
-            raise ValueError(f"--env_args expert={expert!r}: alfworld's expert is 0 or 1")
-        self.expert = bool(expert)
+    def __init__(self, split="train", data_dir=None, max_steps=50, expert=False, inert_anchor=False):
+        for name, value in (("expert", expert), ("inert_anchor", inert_anchor)):
+            if value not in (0, 1):   # True/False/0/1, as --env_args gives them
+                raise ValueError(f"--env_args {name}={value!r}: alfworld's {name} is 0 or 1")
+        self.expert, self.inert_anchor = bool(expert), bool(inert_anchor)
         self.infos = textworld.EnvInfos(won=True, admissible_commands=True, extras=["gamefile"])
         self.plan, self.admissible = [], set()
         self.games = game_files(split, data_dir)   # listed now: a missing data dir fails at once
@@ -187,7 +195,7 @@ class ALFWorld(gymnasium.Env):
             self.plan = infos["policy_commands"]
         obs = obs.split("=-\n\n", 1)[-1]   # cut the "-= Welcome to TextWorld, ALFRED! =-" banner
         self.task = obs.partition("Your task is to: ")[2].strip()
-        self.steps = 0
+        self.steps, self.anchor = 0, obs
         return obs, self._info(obs, infos)
 
     def step(self, action):
@@ -199,13 +207,15 @@ class ALFWorld(gymnasium.Env):
         if self.expert:
             self.plan = self.plan[1:] if follows else self.plan if inert else infos["policy_commands"]
         self.steps += 1
+        if not (self.inert_anchor and obs == INERT):   # else the state, and so the anchor, is unchanged
+            self.anchor = obs
         won = bool(infos["won"])
         truncated = not won and self.steps >= self.max_steps
         return obs, 10.0 * won, won, truncated, self._info(obs, infos)
 
     def _info(self, obs, infos):
         info = {"task": self.task, "admissible_actions": list(infos["admissible_commands"]),
-                "won": bool(infos["won"]), "anchor": obs, "task_type": task_type(self.gamefile),
+                "won": bool(infos["won"]), "anchor": self.anchor, "task_type": task_type(self.gamefile),
                 "gamefile": self.gamefile}
         if self.expert:
             self.admissible = set(info["admissible_actions"])

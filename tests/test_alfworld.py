@@ -63,6 +63,24 @@ def test_every_task_type_resets_and_steps(data_dir, kind):
     assert obs2 and reward == 0.0 and not term and not trunc and info2["task"] == info["task"]
 
 
+def test_inert_anchor_keeps_the_state_after_nothing_happens(data_dir):
+    """The reference's anchor is the raw observation, "Nothing happens." included; with inert_anchor=1
+    a step that changed nothing keeps the anchor of the state it was taken in, and any other step
+    takes its observation as before."""
+    from envs.alfworld import ALFWorld
+    plain, kept = (ALFWorld("valid_seen", data_dir=data_dir, inert_anchor=k) for k in (0, 1))
+    walk = plain.reset(0)[1]["admissible_actions"][:1]
+    assert kept.reset(0)[1]["anchor"] == plain.reset(0)[1]["anchor"]
+    for action in [walk[0], "", "fly to the moon", walk[0]]:
+        before = kept.anchor
+        (obs, *_, info), (obs_k, *_, info_k) = plain.step(action), kept.step(action)
+        assert obs == obs_k and info["anchor"] == obs
+        assert info_k["anchor"] == (before if obs == "Nothing happens." else obs)
+    assert info_k["anchor"] != "Nothing happens." and "Nothing happens." in [plain.step("")[0]]
+    with pytest.raises(ValueError, match="inert_anchor"):
+        ALFWorld("valid_seen", data_dir=data_dir, inert_anchor=2)
+
+
 def test_walkthrough_wins_with_reward_10_and_reset_is_repeatable(data_dir):
     from envs.alfworld import ALFWorld
     env = ALFWorld("valid_seen", data_dir=data_dir)
