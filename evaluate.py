@@ -4,9 +4,16 @@ An env module may define `eval_sets(n)` -> {name: (env kwargs, seeds)} (ALFWorld
 valid_unseen, whole splits in order); otherwise the held-out seeds 10**9 + [0, eval_episodes) are
 played, the same every run. Each set is reported on its own, never averaged with another: ALFWorld's
 splits measure different things (in and out of distribution), and the paper reports them apart.
+
+Every eval also writes out_dir/eval.json (each set's games won, in order), so that two models
+evaluated on the same games compare game by game: `python -m evaluate RUN_A RUN_B` (paired()).
 """
 import inspect
+import json
+import math
+import os
 import random
+import sys
 
 import numpy as np
 from tqdm import tqdm
@@ -49,11 +56,13 @@ def eval_envs_for(cfg, envs, kwargs, seeds):
                        **{**parse_env_args(cfg.env, cfg.env_args), **kwargs}) if kwargs else envs
 
 
-def evaluate(tok, cfg, envs, prompt, engine, on_samples=None):
+def evaluate(tok, cfg, envs, prompt, engine, on_samples=None, iteration=None):
     """Episodes at eval_temperature (0 = greedy) on the eval sets -> {set: success}, in eval_plan's
     order, plus {"set/type": success} per task type (info["task_type"]) where there is one. Prints a
-    line per named set: its success, per task type, and the share of invalid-action steps."""
-    rates = {}
+    line per named set: its success, per task type, and the share of invalid-action steps. Writes
+    out_dir/eval.json: the iteration, these rates, and each set's games won (1) or not (0) in order,
+    for a game-by-game comparison of two evals (`python -m evaluate A B`)."""
+    rates, games = {}, {}
     for name, (kwargs, seeds) in eval_plan(cfg).items():
         set_envs = eval_envs_for(cfg, envs, kwargs, seeds)
         memories = [make_memory(cfg.memory, cfg.memory_k or None) for _ in range(set_envs.n)]
@@ -61,7 +70,8 @@ def evaluate(tok, cfg, envs, prompt, engine, on_samples=None):
                                  1.0, cfg.max_response_tokens, desc=f"eval {name}" if kwargs else None)
         if on_samples:   # records.py: a few whole episodes of each set go to disk
             on_samples(name, samples)
-        rates[name] = float(np.mean([e["won"] for e in episodes]))
+        games[name] = [int(e["won"]) for e in episodes]
+        rates[name] = float(np.mean(games[name]))
         if set_envs is not envs:
             set_envs.close()
             by_type = {}                                    # task type -> [won, ...]
@@ -73,6 +83,12 @@ def evaluate(tok, cfg, envs, prompt, engine, on_samples=None):
             invalid = sum(e["invalid"] for e in episodes) / max(1, sum(e["length"] for e in episodes))
             tqdm.write(f"eval {name}: success {rates[name]:.3f} over {len(episodes)} games, "
                        f"invalid actions {invalid:.3f} of steps | {per_type}")
+    os.makedirs(cfg.out_dir, exist_ok=True)
+    path = os.path.join(cfg.out_dir, "eval.json")
+    with open(path + ".tmp", "w") as f:   # then renamed: a kill leaves the last complete file
+        json.dump({"iteration": iteration, "model": cfg.model, "temperature": cfg.eval_temperature,
+                   "rates": rates, "games": games}, f)
+    os.replace(path + ".tmp", path)
     return rates
 
 
@@ -109,3 +125,35 @@ def random_policy_success(cfg, envs):
             set_envs.close()
         rates[name] = float(np.mean(wins))
     return rates
+
+
+def paired(a, b):
+    """Two evals of the same games (lists of 0/1) -> (games only A won, games only B won, p): the exact
+    two-sided sign test on the games they disagree on (McNemar's, exact). Games both won or both lost
+    say nothing about which is better, so a paired test sees a difference that two independent
+    success rates on the same games hide in their shared noise."""
+    if len(a) != len(b):
+        raise ValueError(f"the evals played {len(a)} and {len(b)} games: not the same set")
+    only_a = sum(x > y for x, y in zip(a, b))
+    only_b = sum(y > x for x, y in zip(a, b))
+    n, k = only_a + only_b, min(only_a, only_b)
+    p = min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n) if n else 1.0
+    return only_a, only_b, p
+
+
+def compare(path_a, path_b):
+    """The eval.json of two runs (or their out dirs) -> a markdown table, one row per set both played."""
+    a, b = (json.load(open(os.path.join(p, "eval.json") if os.path.isdir(p) else p)) for p in (path_a, path_b))
+    rows = ["| set | games | A success | B success | only A won | only B won | paired p |", "|---|---|---|---|---|---|---|"]
+    for name in a["games"]:
+        if name in b["games"]:
+            only_a, only_b, p = paired(a["games"][name], b["games"][name])
+            rows.append(f"| {name} | {len(a['games'][name])} | {a['rates'][name]:.3f} | {b['rates'][name]:.3f} | "
+                        f"{only_a} | {only_b} | {p:.3f} |")
+    return "\n".join([f"A = {path_a} (iteration {a['iteration']}), B = {path_b} (iteration {b['iteration']})", *rows])
+
+
+if __name__ == "__main__":   # python -m evaluate RUN_A RUN_B: two evals of the same games, game by game
+    if len(sys.argv) != 3:
+        sys.exit("usage: python -m evaluate RUN_A RUN_B   (out dirs, or their eval.json files)")
+    print(compare(*sys.argv[1:]))

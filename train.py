@@ -228,8 +228,8 @@ def main(argv=None):
         out_of_time = cfg.time_limit > 0 and all_reduce(time.perf_counter() - t_run, "max") > 60 * cfg.time_limit
         checkpoint = it % cfg.eval_every == 0 or it == cfg.iterations or out_of_time
         if checkpoint and rank == 0:
-            eval_rates = evaluate(tok, cfg, eval_envs, prompt, engine, on_samples=lambda name, s: episode_log.write(
-                records.episodes(s, tok, it, name, max_episodes=8 * cfg.log_groups)))
+            eval_rates = evaluate(tok, cfg, eval_envs, prompt, engine, iteration=it, on_samples=lambda name, s:
+                                  episode_log.write(records.episodes(s, tok, it, name, max_episodes=8 * cfg.log_groups)))
             eval_success = headline(eval_rates)
             if wandb and shown:
                 wandb.log({"episodes": records.wandb_table(wandb, shown)}, step=it)
@@ -262,7 +262,7 @@ def main(argv=None):
     envs.close()
     if rank == 0:
         if eval_success is None:   # resumed at the end: nothing trained, still report
-            eval_rates = evaluate(tok, cfg, eval_envs, prompt, engine)
+            eval_rates = evaluate(tok, cfg, eval_envs, prompt, engine, iteration=start)
         log.close()
         eval_envs and eval_envs.close()
         print(f"done in {time.perf_counter() - t_run:.0f}s; model saved to {cfg.out_dir}/model")
@@ -281,11 +281,8 @@ def evaluate_only(cfg, rank, device, eval_envs, prompt):
     if rank == 0:
         print(f"eval-only success {rates and success_text(rates)} ({eval_what(cfg)}; model {cfg.model}, "
               f"prompt {prompt.build.__module__}.{prompt.build.__name__})")
-        if any("/" in k for k in rates):   # named sets: per task type too, and all of it to out_dir/eval.json
+        if any("/" in k for k in rates):   # named sets: per task type too (all of it in out_dir/eval.json)
             print("per task type: " + ", ".join(f"{k} {v:.3f}" for k, v in rates.items() if "/" in k))
-        os.makedirs(cfg.out_dir, exist_ok=True)
-        with open(os.path.join(cfg.out_dir, "eval.json"), "w") as f:
-            json.dump(rates, f)
     eval_envs and eval_envs.close()
     finish_dist(engine)
     return rates and headline(rates)

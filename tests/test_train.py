@@ -145,10 +145,28 @@ def test_two_iterations_end_to_end(tmp_path):
     assert meta["iteration"] == 2 and meta["config"]["n_groups"] == 4 and os.listdir(out / "ckpt")
     # the export evaluates as the run did: with the tiny model's prompt, to the same greedy success
     assert is_tiny(str(out / "model")) and not is_tiny(str(tmp_path))
-    r = run_train("--eval_only", "1", "--model", str(out / "model"), "--eval_episodes", "16", "--env_args", "max_steps=4")
+    r = run_train("--eval_only", "1", "--model", str(out / "model"), "--eval_episodes", "16", "--env_args", "max_steps=4",
+                  "--out_dir", str(tmp_path / "ev"))
     assert r.returncode == 0, r.stderr[-2000:]
     last = r.stdout.strip().splitlines()[-1]
     assert f"success {rows[-1]['eval_success']:.3f}" in last and last.endswith("prompt prompts.treasure.build)"), (rows[-1], last)
+    # eval.json: the last eval's rates and games, game by game the same as the eval-only's
+    run_eval, only_eval = (json.load(open(d / "eval.json")) for d in (out, tmp_path / "ev"))
+    assert run_eval["iteration"] == 2 and only_eval["iteration"] is None
+    assert len(run_eval["games"]["held-out"]) == 16 and run_eval["games"] == only_eval["games"]
+    assert run_eval["rates"]["held-out"] == rows[-1]["eval_success"] == sum(run_eval["games"]["held-out"]) / 16
+    from evaluate import compare
+    assert "| held-out | 16 |" in compare(str(out), str(tmp_path / "ev")) and compare(str(out), str(out)).endswith("| 0 | 0 | 1.000 |")
+
+
+def test_paired_sign_test_by_hand():
+    """Only the games two evals disagree on count: 6 won by B alone, none by A: p = 2 / 2^6."""
+    from evaluate import paired
+    assert paired([0] * 6 + [1] * 4, [1] * 10) == (0, 6, 2 / 64)
+    assert paired([1, 1, 0, 0, 1], [0, 1, 1, 0, 0]) == (2, 1, 1.0)      # 2 vs 1: 2 * (1 + 3) / 8, capped
+    assert paired([1, 0], [1, 0]) == (0, 0, 1.0)
+    with pytest.raises(ValueError, match="not the same set"):
+        paired([1, 0], [1])
 
 
 def test_lora_end_to_end(tmp_path):
