@@ -141,9 +141,21 @@ def paired(a, b):
     return only_a, only_b, p
 
 
+def load_eval(path):
+    """An eval.json (or the out dir that holds one) -> its dict; anything else is one line."""
+    path = os.path.join(path, "eval.json") if os.path.isdir(path) else path
+    try:
+        ev = json.load(open(path))
+        if not isinstance(ev.get("games"), dict) or not isinstance(ev.get("rates"), dict):
+            raise ValueError("no games or rates: written by an older version, or not an eval")
+        return ev
+    except (OSError, ValueError, AttributeError) as e:
+        sys.exit(f"error: {path}: {str(e).splitlines()[0][:200]}")
+
+
 def compare(path_a, path_b):
     """The eval.json of two runs (or their out dirs) -> a markdown table, one row per set both played."""
-    a, b = (json.load(open(os.path.join(p, "eval.json") if os.path.isdir(p) else p)) for p in (path_a, path_b))
+    a, b = (load_eval(p) for p in (path_a, path_b))
     rows = ["| set | games | A success | B success | only A won | only B won | paired p |", "|---|---|---|---|---|---|---|"]
     for name in a["games"]:
         if name in b["games"]:
@@ -156,4 +168,7 @@ def compare(path_a, path_b):
 if __name__ == "__main__":   # python -m evaluate RUN_A RUN_B: two evals of the same games, game by game
     if len(sys.argv) != 3:
         sys.exit("usage: python -m evaluate RUN_A RUN_B   (out dirs, or their eval.json files)")
-    print(compare(*sys.argv[1:]))
+    try:
+        print(compare(*sys.argv[1:]))
+    except ValueError as e:   # paired(): not the same games
+        sys.exit(f"error: {e}")

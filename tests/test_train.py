@@ -169,6 +169,17 @@ def test_paired_sign_test_by_hand():
         paired([1, 0], [1])
 
 
+@pytest.mark.parametrize("text, words", [(None, "No such file"), ('{"valid_seen": 0.2}', "no games or rates"),
+                                         ("{not json", "eval.json")])
+def test_compare_bad_eval_is_one_line(tmp_path, text, words):
+    if text is not None:
+        (tmp_path / "eval.json").write_text(text)
+    r = subprocess.run([sys.executable, "-m", "evaluate", str(tmp_path), str(tmp_path)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and r.stderr.startswith("error: ") and words in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
 def test_lora_end_to_end(tmp_path):
     """--lora_rank: only the adapters train; the engine gets the merged weights (its log-probs match
     the trainer's after updates), the KL reference is the model with adapters off, and the HF
