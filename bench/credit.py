@@ -12,7 +12,8 @@ GiGPO would have made of them, and the reverse). Runs named NAME-sSEED are poole
   * sign disagreement: among samples where both A^E and A^S are non-zero, the share whose signs
     differ (GiGPO tells those steps the opposite of what their episode says); and the share of
     samples with A^E = 0 (their group's episodes all scored alike: GRPO learns nothing from them)
-    but A^S != 0 (GiGPO still does);
+    but A^S != 0 (GiGPO still does); and over all samples, the share where GiGPO's A and GRPO's
+    differ in sign (GRPO's 0 included), and the cosine of the two advantage vectors;
   * the decisive steps of the key-and-door game (envs/keydoor.py): the step that picks up the key,
     and every step towards the current target (`keydoor.good_moves`) against the valid steps that are
     not: the mean advantage each algorithm gives them, in won and in lost episodes, and the
@@ -69,7 +70,9 @@ def report(name, rows):
            "singleton_groups": float(np.sum(size == 1) / np.sum(1 / size)),   # a group of s samples adds s x 1/s
            "mean_group_size": float(np.mean(size)),
            "sign_disagree": float(np.mean(np.sign(a_e[both]) != np.sign(a_s[both]))) if both.any() else float("nan"),
-           "step_only": float(np.mean((a_e == 0) & (a_s != 0)))}
+           "step_only": float(np.mean((a_e == 0) & (a_s != 0))),
+           "flips": float(np.mean(np.sign(a_e + a_s) != np.sign(a_e))),
+           "cosine": float((a_e + a_s) @ a_e / (np.linalg.norm(a_e + a_s) * np.linalg.norm(a_e) or 1.0))}
     adv = {"grpo": a_e, "gigpo": a_e + a_s}
     if any(r["keydoor"] for r in rows):
         won = np.array([r["won"] for r in rows])
@@ -103,10 +106,12 @@ def main(argv=None):
     print(f"training episodes of iterations {args.iterations[0]}-{args.iterations[1]}; A^S recomputed "
           f"(norm {args.norm}, omega {args.omega}); GRPO's A = A^E, GiGPO's A = A^E + A^S, on the same samples\n")
     print("| runs | samples | in a singleton step group | singleton step groups | mean step-group size "
-          "| sign(A^S) != sign(A^E) | A^E = 0, A^S != 0 |\n|---|---|---|---|---|---|---|")
+          "| sign(A^S) != sign(A^E) | A^E = 0, A^S != 0 | sign(GiGPO's A) != sign(GRPO's) | cosine of the two |"
+          "\n|---|---|---|---|---|---|---|---|---|")
     for r in results:
         print(f"| {r['name']} | {r['samples']} | {r['singleton_samples']:.3f} | {r['singleton_groups']:.3f} | "
-              f"{r['mean_group_size']:.1f} | {r['sign_disagree']:.3f} | {r['step_only']:.3f} |")
+              f"{r['mean_group_size']:.1f} | {r['sign_disagree']:.3f} | {r['step_only']:.3f} | {r['flips']:.3f} | "
+              f"{r['cosine']:.3f} |")
     if any("grpo_sep_all" in r for r in results):
         print("\n| runs | advantage | key pickup, won | key pickup, lost | towards - other, won | towards - other, "
               "lost | towards - other, all |\n|---|---|---|---|---|---|---|")

@@ -130,3 +130,6 @@ def test_credit_sign_disagreement_counts_only_steps_with_both_parts():
              "toward": False, "keydoor": False} for e, a in [(0.5, 0.2), (0.5, -0.1), (-0.5, -0.3), (0.0, 0.4), (0.5, 0.0)]]
     r = report("x", rows)
     assert r["sign_disagree"] == pytest.approx(1 / 3) and r["singleton_samples"] == 0.0 and r["mean_group_size"] == 2
+    # whole advantages: (0.7, 0.4, -0.8, 0.4, 0.5) against (0.5, 0.5, -0.5, 0, 0.5): only the 4th differs in sign
+    assert r["flips"] == pytest.approx(1 / 5)
+    assert r["cosine"] == pytest.approx((0.35 + 0.2 + 0.4 + 0.25) / (np.sqrt(0.49 + 0.16 + 0.64 + 0.16 + 0.25) * 1.0))
