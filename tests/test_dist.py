@@ -17,7 +17,10 @@ from tiny import build_tiny
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # a free port per test session: two suites on one machine (two checkouts) must not collide
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={fsdp.free_port()}"]
+def torchrun(*args):
+    """2 ranks on a port free now (one port for the whole module could be taken by the time a test ran)."""
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={fsdp.free_port()}",
+            *args]
 ENV = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 from dist_update import fixed_batch  # noqa: E402
@@ -183,8 +186,9 @@ def test_two_gloo_ranks_update_like_one_process(tmp_path):
     balancing) == one process."""
     script = os.path.join(ROOT, "tests", "dist_update.py")
     subprocess.run([sys.executable, script, str(tmp_path / "one.pt")], check=True, env=ENV, timeout=300)
-    subprocess.run(TORCHRUN + [script, str(tmp_path / "two.pt")], check=True, env=ENV, timeout=300,
-                   capture_output=True)
+    ranks = subprocess.run(torchrun(script, str(tmp_path / "two.pt")), env=ENV, timeout=300, capture_output=True,
+                           text=True)
+    assert ranks.returncode == 0, ranks.stderr[-3000:]   # why it failed, not just that it did
     one, two = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")
     init, _ = build_tiny("treasure", seed=0)
     init = dict(init.named_parameters())
@@ -210,8 +214,8 @@ def test_torchrun_two_ranks_trains_end_to_end(tmp_path):
     CPU) under torchrun, gloo."""
     import importlib.util
     engine = ["--engine", "vllm"] if importlib.util.find_spec("vllm") else []
-    out = subprocess.run(TORCHRUN + [os.path.join(ROOT, "train.py"), *SMALL, *engine, "--iterations", "2",
-                                     "--out_dir", str(tmp_path)], env=ENV, cwd=ROOT, capture_output=True,
+    out = subprocess.run(torchrun(os.path.join(ROOT, "train.py"), *SMALL, *engine, "--iterations", "2",
+                                     "--out_dir", str(tmp_path)), env=ENV, cwd=ROOT, capture_output=True,
                          text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1].startswith("held-out success")
@@ -222,8 +226,8 @@ def test_torchrun_two_ranks_trains_end_to_end(tmp_path):
 
 def test_bad_flag_under_torchrun_is_printed_once(tmp_path):
     """Every rank checks the flags; only rank 0 says what is wrong (it used to be once per rank)."""
-    out = subprocess.run(TORCHRUN + [os.path.join(ROOT, "train.py"), "--eval_every", "0", "--out_dir",
-                                     str(tmp_path)], env=ENV, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(torchrun(os.path.join(ROOT, "train.py"), "--eval_every", "0", "--out_dir",
+                                     str(tmp_path)), env=ENV, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode != 0 and out.stderr.count("error: --eval_every 0") == 1, out.stderr[-2000:]
 
 
