@@ -398,9 +398,10 @@ def all_finite(tensors):
 
 
 def finish_dist(engine):
-    """Leave the process group; a vLLM engine tears the groups down itself at exit (destroying them
-    first makes its shutdown fail)."""
+    """Leave the process group, all ranks together (rank 0 may still be evaluating); a vLLM engine
+    tears the groups down itself at exit (destroying them first makes its shutdown fail)."""
     if _DIST and isinstance(engine, HFEngine):
+        dist.barrier()
         dist.destroy_process_group()
 
 

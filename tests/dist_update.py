@@ -46,5 +46,6 @@ if __name__ == "__main__":
         torch.save({"loss": stats["loss"], "grad_norm": stats["grad_norm"], "weights": weights,
                     "tokens": tokens, "longest": max(len(x.prompt_ids) + len(x.response_ids) for x in fixed_batch()[0])},
                    sys.argv[1])
-    if fsdp.dist_on():
+    if fsdp.dist_on():   # leave together: a rank tearing gloo down while the other still saved aborted once
+        fsdp.barrier()
         fsdp.dist.destroy_process_group()
