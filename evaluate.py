@@ -18,6 +18,7 @@ import sys
 import numpy as np
 from tqdm import tqdm
 
+import records
 from envs import GroupedEnvs, env_module, parse_env_args
 from memory import make_memory
 from rollout import rollout
@@ -84,11 +85,8 @@ def evaluate(tok, cfg, envs, prompt, engine, on_samples=None, iteration=None):
             tqdm.write(f"eval {name}: success {rates[name]:.3f} over {len(episodes)} games, "
                        f"invalid actions {invalid:.3f} of steps | {per_type}")
     os.makedirs(cfg.out_dir, exist_ok=True)
-    path = os.path.join(cfg.out_dir, "eval.json")
-    with open(path + ".tmp", "w") as f:   # then renamed: a kill leaves the last complete file
-        json.dump({"iteration": iteration, "model": cfg.model, "temperature": cfg.eval_temperature,
-                   "rates": rates, "games": games}, f)
-    os.replace(path + ".tmp", path)
+    records.write_whole(os.path.join(cfg.out_dir, "eval.json"), json.dumps(
+        {"iteration": iteration, "model": cfg.model, "temperature": cfg.eval_temperature, "rates": rates, "games": games}))
     return rates
 
 

@@ -47,15 +47,20 @@ def kept_log(path, upto):
     return kept
 
 
+def write_whole(path, text):
+    """Write a file whole, then rename it into place: a kill mid-write leaves the old file, never half."""
+    with open(path + ".tmp", "w") as f:
+        f.write(text)
+    os.replace(path + ".tmp", path)
+
+
 def open_metrics_log(cfg, kept, start):
     """out_dir/metrics.jsonl, open to append (rank 0). A fresh run starts it empty; a resumed one keeps
     the lines of the iterations its checkpoint holds (`kept`, from kept_log) and drops the rest."""
     os.makedirs(cfg.out_dir, exist_ok=True)
     path = os.path.join(cfg.out_dir, "metrics.jsonl")
     if start:
-        with open(path + ".tmp", "w") as f:
-            f.writelines(kept)
-        os.replace(path + ".tmp", path)   # a kill here keeps the old log whole
+        write_whole(path, "".join(kept))
     return open(path, "a" if start else "w")
 
 
@@ -117,9 +122,7 @@ class EpisodeLog:
                             kept.append(line)
                     except (json.JSONDecodeError, KeyError):   # a line a crash cut short
                         pass
-            with open(self.path + ".tmp", "w") as f:
-                f.writelines(kept)
-            os.replace(self.path + ".tmp", self.path)
+            write_whole(self.path, "".join(kept))
 
     def write(self, records):
         if self.full or not records:
