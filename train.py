@@ -254,7 +254,7 @@ def main(argv=None):
             saved = it
         if rank == 0:
             records.show_progress(bar, m, it, wandb, line=it == start + 1 or it % cfg.eval_every == 0)
-        if out_of_time:
+        if out_of_time and it < cfg.iterations:
             print0(f"--time_limit {cfg.time_limit:g} min reached: stopped after iteration {it} of "
                    f"{cfg.iterations} (--resume 1 goes on)")
             break

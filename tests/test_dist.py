@@ -16,11 +16,15 @@ from rollout import Sample
 from tiny import build_tiny
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# a free port per test session: two suites on one machine (two checkouts) must not collide
+
+
 def torchrun(*args):
-    """2 ranks on a port free now (one port for the whole module could be taken by the time a test ran)."""
+    """2 ranks on a port free at this call (two suites on one machine must not collide, and one port
+    picked at import could be taken by the time a later test ran)."""
     return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={fsdp.free_port()}",
             *args]
+
+
 ENV = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 from dist_update import fixed_batch  # noqa: E402
@@ -215,7 +219,7 @@ def test_torchrun_two_ranks_trains_end_to_end(tmp_path):
     import importlib.util
     engine = ["--engine", "vllm"] if importlib.util.find_spec("vllm") else []
     out = subprocess.run(torchrun(os.path.join(ROOT, "train.py"), *SMALL, *engine, "--iterations", "2",
-                                     "--out_dir", str(tmp_path)), env=ENV, cwd=ROOT, capture_output=True,
+                                  "--out_dir", str(tmp_path)), env=ENV, cwd=ROOT, capture_output=True,
                          text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1].startswith("held-out success")
@@ -227,7 +231,7 @@ def test_torchrun_two_ranks_trains_end_to_end(tmp_path):
 def test_bad_flag_under_torchrun_is_printed_once(tmp_path):
     """Every rank checks the flags; only rank 0 says what is wrong (it used to be once per rank)."""
     out = subprocess.run(torchrun(os.path.join(ROOT, "train.py"), "--eval_every", "0", "--out_dir",
-                                     str(tmp_path)), env=ENV, cwd=ROOT, capture_output=True, text=True, timeout=300)
+                                  str(tmp_path)), env=ENV, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode != 0 and out.stderr.count("error: --eval_every 0") == 1, out.stderr[-2000:]
 
 
