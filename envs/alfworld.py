@@ -55,6 +55,7 @@ import gymnasium
 import textworld
 import textworld.envs.pddl.textgen as textgen
 import textworld.logic as logic
+from textworld.envs.pddl.pddl import PddlEnv
 from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredInfos
 from textworld.envs.wrappers import Filter
 
@@ -75,6 +76,25 @@ def shallow_context(context):
     return {**context, "variables": dict(context["variables"]), "mapping": dict(context["mapping"])}
 
 
+# TextWorld loads a new copy of fast-downward's 33 MB library for each game it starts (a temp file,
+# deleted at once and kept mapped: ctypes never unloads it), so the file's disk blocks stay taken
+# until the process ends: one per game an env worker ever played. 16 x 8 envs on new games each
+# iteration filled the H200 host's 64 GB disk in 8 iterations (two runs). A closed game now gives
+# its copy back and the next game loads its task into it (as each reset of a game already does).
+FREE_LIBRARIES = []
+load_library = fast_downward.load_lib
+
+
+def reuse_library():
+    return FREE_LIBRARIES.pop() if FREE_LIBRARIES else load_library()
+
+
+def give_library_back(env):
+    if getattr(env, "downward_lib", None) is not None:
+        FREE_LIBRARIES.append(env.downward_lib)
+        env.downward_lib = None
+
+
 # TextWorld's slow spots, replaced in this process on import; the library's own kept in ORIGINAL.
 # - textgen's template parser: derive() re-parses (tatsu) the template of every admissible command on
 #   every step, from a small fixed set of templates; its callers then set each symbol's context.
@@ -89,6 +109,8 @@ SPEEDUPS = {   # name -> (module, attribute, ours)
     "condition parses": (logic, "_parse_and_convert", memoize_copies(logic._parse_and_convert, 8192)),
     "shallow contexts": (textgen, "copy_context", shallow_context),
     "PDDL translations": (fast_downward, "pddl2sas", memoize_copies(fast_downward.pddl2sas, 32)),
+    "library reuse": (fast_downward, "load_lib", reuse_library),     # the two halves of the reuse
+    "library return": (PddlEnv, "close", give_library_back),         # above (not speed: disk)
 }
 ORIGINAL = {name: getattr(module, attr) for name, (module, attr, _) in SPEEDUPS.items()}
 
@@ -197,6 +219,11 @@ class ALFWorld(gymnasium.Env):
         self.task = obs.partition("Your task is to: ")[2].strip()
         self.steps, self.anchor = 0, obs
         return obs, self._info(obs, infos)
+
+    def close(self):
+        if self.env is not None:
+            self.env.close()
+        self.env, self.gamefile = None, None
 
     def step(self, action):
         if self.expert:   # replan only after an action that leaves the plan and changes the state

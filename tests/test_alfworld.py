@@ -123,6 +123,32 @@ def test_speedups_play_the_same_game(data_dir):
     assert len(fast[0]) == 31 and len(set(t[0] for t in fast[0])) > 3   # a real walk, not one screen
 
 
+def test_new_games_reuse_the_downward_library(data_dir):
+    """TextWorld maps a new copy of libdownward.so (33 MB, a deleted temp file) for every game it
+    starts and never unmaps it, so its disk space is held until the process ends; with the library
+    reuse a process holds one copy per live game, however many games its envs have played."""
+    import envs.alfworld as alf
+
+    def mapped_copies():
+        with open("/proc/self/maps") as maps:
+            return len({line.split()[-2] for line in maps if "libdownward.so (deleted)" in line})
+    env, before = alf.ALFWorld("valid_unseen", data_dir=data_dir, max_steps=3), mapped_copies()
+    for seed in range(6):   # six games in a row: one copy at most is new
+        obs, info = env.reset(seed)
+        env.step(info["admissible_actions"][0])
+    env.close()
+    assert mapped_copies() - before <= 1
+    alf.use_speedups([n for n in alf.SPEEDUPS if n != "library reuse"])
+    try:   # without it, each game maps one more: the measure above sees the leak
+        before = mapped_copies()
+        for seed in range(3):
+            env.reset(seed)
+        env.close()
+        assert mapped_copies() - before == 3
+    finally:
+        alf.use_speedups()
+
+
 def test_unparseable_response_is_invalid_and_env_survives(data_dir):
     from envs.alfworld import ALFWorld
     p = prompt_module("alfworld")
