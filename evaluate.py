@@ -61,9 +61,9 @@ def evaluate(tok, cfg, envs, prompt, engine, on_samples=None, iteration=None):
     """Episodes at eval_temperature (0 = greedy) on the eval sets -> {set: success}, in eval_plan's
     order, plus {"set/type": success} per task type (info["task_type"]) where there is one. Prints a
     line per named set: its success, per task type, and the share of invalid-action steps. Writes
-    out_dir/eval.json: the iteration, these rates, and each set's games won (1) or not (0) in order,
-    for a game-by-game comparison of two evals (`python -m evaluate A B`)."""
-    rates, games = {}, {}
+    out_dir/eval.json: the iteration, these rates, each set's games won (1) or not (0) in order and
+    (named sets with task types) each game's type, for a game-by-game comparison of two evals (`python -m evaluate A B`)."""
+    rates, games, types = {}, {}, {}
     for name, (kwargs, seeds) in eval_plan(cfg).items():
         set_envs = eval_envs_for(cfg, envs, kwargs, seeds)
         memories = [make_memory(cfg.memory, cfg.memory_k or None) for _ in range(set_envs.n)]
@@ -80,13 +80,16 @@ def evaluate(tok, cfg, envs, prompt, engine, on_samples=None, iteration=None):
                 if e.get("task_type"):
                     by_type.setdefault(e["task_type"], []).append(e["won"])
             rates |= {f"{name}/{t}": float(np.mean(w)) for t, w in sorted(by_type.items())}
+            if by_type:
+                types[name] = [e.get("task_type", "") for e in episodes]
             per_type = " ".join(f"{t} {rates[f'{name}/{t}']:.3f} ({len(w)})" for t, w in sorted(by_type.items()))
             invalid = sum(e["invalid"] for e in episodes) / max(1, sum(e["length"] for e in episodes))
             tqdm.write(f"eval {name}: success {rates[name]:.3f} over {len(episodes)} games, "
                        f"invalid actions {invalid:.3f} of steps | {per_type}")
     os.makedirs(cfg.out_dir, exist_ok=True)
     records.write_whole(os.path.join(cfg.out_dir, "eval.json"), json.dumps(
-        {"iteration": iteration, "model": cfg.model, "temperature": cfg.eval_temperature, "rates": rates, "games": games}))
+        {"iteration": iteration, "model": cfg.model, "temperature": cfg.eval_temperature, "rates": rates, "games": games,
+         "types": types}))
     return rates
 
 
@@ -152,13 +155,21 @@ def load_eval(path):
 
 
 def compare(path_a, path_b):
-    """The eval.json of two runs (or their out dirs) -> a markdown table, one row per set both played."""
+    """The eval.json of two runs (or their out dirs) -> a markdown table, one row per set both played
+    (and per task type in it, where both evals list the same games' types)."""
     a, b = (load_eval(p) for p in (path_a, path_b))
     rows = ["| set | games | A success | B success | only A won | only B won | paired p |", "|---|---|---|---|---|---|---|"]
     for name in a["games"]:
-        if name in b["games"]:
-            only_a, only_b, p = paired(a["games"][name], b["games"][name])
-            rows.append(f"| {name} | {len(a['games'][name])} | {a['rates'][name]:.3f} | {b['rates'][name]:.3f} | "
+        if name not in b["games"]:
+            continue
+        subsets = {name: range(len(a["games"][name]))}
+        kinds = a.get("types", {}).get(name)
+        if kinds and kinds == b.get("types", {}).get(name):   # then a row per task type as well
+            subsets |= {f"{name}/{t}": [i for i, k in enumerate(kinds) if k == t] for t in sorted(set(kinds))}
+        for label, idx in subsets.items():
+            ga, gb = [a["games"][name][i] for i in idx], [b["games"][name][i] for i in idx]
+            only_a, only_b, p = paired(ga, gb)
+            rows.append(f"| {label} | {len(ga)} | {sum(ga) / len(ga):.3f} | {sum(gb) / len(gb):.3f} | "
                         f"{only_a} | {only_b} | {p:.3f} |")
     return "\n".join([f"A = {path_a} (iteration {a['iteration']}), B = {path_b} (iteration {b['iteration']})", *rows])
 

@@ -169,6 +169,23 @@ def test_paired_sign_test_by_hand():
         paired([1, 0], [1])
 
 
+def test_compare_rows_per_task_type(tmp_path):
+    """Evals that list each game's task type get a paired row per type under the set's row; an
+    eval without types (or with other ones) gets the set's row only."""
+    from evaluate import compare
+    evals = {"a": {"valid": [1, 0, 0, 1, 0]}, "b": {"valid": [1, 1, 1, 0, 0]}}
+    for name, games in evals.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "eval.json").write_text(json.dumps({
+            "iteration": 1, "rates": {"valid": sum(games["valid"]) / 5}, "games": games,
+            "types": {"valid": ["pick", "pick", "heat", "heat", "pick"]}}))
+    rows = compare(str(tmp_path / "a"), str(tmp_path / "b")).splitlines()[3:]
+    assert rows == ["| valid | 5 | 0.400 | 0.600 | 1 | 2 | 1.000 |", "| valid/heat | 2 | 0.500 | 0.500 | 1 | 1 | 1.000 |",
+                    "| valid/pick | 3 | 0.333 | 0.667 | 0 | 1 | 1.000 |"]
+    (tmp_path / "b" / "eval.json").write_text(json.dumps({"iteration": 1, "rates": {"valid": 0.6}, "games": evals["b"]}))
+    assert len(compare(str(tmp_path / "a"), str(tmp_path / "b")).splitlines()) == 4
+
+
 @pytest.mark.parametrize("text, words", [(None, "No such file"), ('{"valid_seen": 0.2}', "no games or rates"),
                                          ("{not json", "eval.json")])
 def test_compare_bad_eval_is_one_line(tmp_path, text, words):
