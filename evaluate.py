@@ -61,8 +61,9 @@ def evaluate(tok, cfg, envs, prompt, engine, on_samples=None, iteration=None):
     """Episodes at eval_temperature (0 = greedy) on the eval sets -> {set: success}, in eval_plan's
     order, plus {"set/type": success} per task type (info["task_type"]) where there is one. Prints a
     line per named set: its success, per task type, and the share of invalid-action steps. Writes
-    out_dir/eval.json: the iteration, these rates, each set's games won (1) or not (0) in order and
-    (named sets with task types) each game's type, for a game-by-game comparison of two evals (`python -m evaluate A B`)."""
+    out_dir/eval.json, again as each set ends (a run cut short keeps the sets done): the iteration,
+    these rates, each set's games won (1) or not (0) in order and (named sets with task types) each
+    game's type, for a game-by-game comparison of two evals (`python -m evaluate A B`)."""
     rates, games, types = {}, {}, {}
     for name, (kwargs, seeds) in eval_plan(cfg).items():
         set_envs = eval_envs_for(cfg, envs, kwargs, seeds)
@@ -86,10 +87,10 @@ def evaluate(tok, cfg, envs, prompt, engine, on_samples=None, iteration=None):
             invalid = sum(e["invalid"] for e in episodes) / max(1, sum(e["length"] for e in episodes))
             tqdm.write(f"eval {name}: success {rates[name]:.3f} over {len(episodes)} games, "
                        f"invalid actions {invalid:.3f} of steps | {per_type}")
-    os.makedirs(cfg.out_dir, exist_ok=True)
-    records.write_whole(os.path.join(cfg.out_dir, "eval.json"), json.dumps(
-        {"iteration": iteration, "model": cfg.model, "temperature": cfg.eval_temperature, "rates": rates, "games": games,
-         "types": types}))
+        os.makedirs(cfg.out_dir, exist_ok=True)
+        records.write_whole(os.path.join(cfg.out_dir, "eval.json"), json.dumps(
+            {"iteration": iteration, "model": cfg.model, "temperature": cfg.eval_temperature, "rates": rates,
+             "games": games, "types": types}))
     return rates
 
 

@@ -169,6 +169,36 @@ def test_paired_sign_test_by_hand():
         paired([1, 0], [1])
 
 
+def test_eval_json_keeps_the_sets_done(tmp_path, monkeypatch):
+    """eval.json is written as each named set ends: an eval cut short in its second set (the host
+    gone, the disk full) leaves the first set's games and types on disk."""
+    import evaluate
+    import train
+
+    class Envs:
+        n = 2
+
+        def close(self):
+            pass
+    played = []
+
+    def rollout(set_envs, *args, **kwargs):
+        if played:
+            raise RuntimeError("cut short")
+        played.append(1)
+        return [], [{"won": True, "task_type": "pick", "invalid": 0, "length": 3},
+                    {"won": False, "task_type": "heat", "invalid": 1, "length": 50}], None
+    monkeypatch.setattr(evaluate, "rollout", rollout)
+    monkeypatch.setattr(evaluate, "eval_plan", lambda cfg: {"seen": ({"split": "seen"}, [0, 1]),
+                                                            "unseen": ({"split": "unseen"}, [0, 1])})
+    monkeypatch.setattr(evaluate, "eval_envs_for", lambda *args: Envs())
+    with pytest.raises(RuntimeError, match="cut short"):
+        evaluate.evaluate(None, train.Config(out_dir=str(tmp_path)), None, None, None, iteration=7)
+    saved = json.load(open(tmp_path / "eval.json"))
+    assert saved["iteration"] == 7 and saved["games"] == {"seen": [1, 0]} and saved["types"] == {"seen": ["pick", "heat"]}
+    assert saved["rates"] == {"seen": 0.5, "seen/heat": 0.0, "seen/pick": 1.0}
+
+
 def test_compare_rows_per_task_type(tmp_path):
     """Evals that list each game's task type get a paired row per type under the set's row; an
     eval without types (or with other ones) gets the set's row only."""
