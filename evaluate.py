@@ -76,13 +76,13 @@ def evaluate(tok, cfg, envs, prompt, engine, on_samples=None, iteration=None):
         rates[name] = float(np.mean(games[name]))
         if set_envs is not envs:
             set_envs.close()
-            by_type = {}                                    # task type -> [won, ...]
-            for e in episodes:
-                if e.get("task_type"):
-                    by_type.setdefault(e["task_type"], []).append(e["won"])
-            rates |= {f"{name}/{t}": float(np.mean(w)) for t, w in sorted(by_type.items())}
-            if by_type:
+            if any(e.get("task_type") for e in episodes):
                 types[name] = [e.get("task_type", "") for e in episodes]
+            by_type = {}                                    # task type -> [won, ...]
+            for t, won in zip(types.get(name, []), games[name]):
+                if t:
+                    by_type.setdefault(t, []).append(won)
+            rates |= {f"{name}/{t}": float(np.mean(w)) for t, w in sorted(by_type.items())}
             per_type = " ".join(f"{t} {rates[f'{name}/{t}']:.3f} ({len(w)})" for t, w in sorted(by_type.items()))
             invalid = sum(e["invalid"] for e in episodes) / max(1, sum(e["length"] for e in episodes))
             tqdm.write(f"eval {name}: success {rates[name]:.3f} over {len(episodes)} games, "

@@ -331,6 +331,11 @@ def test_train_one_iteration_then_eval_only(data_dir, tmp_path):
     assert {"eval_success/valid_seen", "eval_success/valid_unseen"} <= split_keys
     assert {k.count("/") for k in split_keys} == {1, 2} and "eval_sets" not in row
     assert row["eval_success"] == row["eval_success/valid_seen"]     # the headline: the first set
+    saved = json.load(open(out / "eval.json"))   # each game's result and task type, per split
+    assert saved["games"] == {"valid_seen": [0], "valid_unseen": [0]}
+    from envs.alfworld import TASK_TYPES
+    assert set(saved["types"]) == {"valid_seen", "valid_unseen"}
+    assert all(len(t) == 1 and t[0] in TASK_TYPES.values() for t in saved["types"].values()), saved["types"]
     print(f"train + eval: {time.time() - t0:.0f}s")
     r = subprocess.run([sys.executable, "train.py", "--env", "alfworld", "--eval_only", "1", "--model",
                         str(out / "model"), "--eval_sets", "valid_unseen", "--eval_episodes", "1",
