@@ -32,6 +32,10 @@ Why an episode's score is a weak teacher here, and GiGPO's step groups a strong 
 
 `key=0` drops the key (walk to the door: the sparse treasure hunt, long); `walls=N` adds N walls
 (dead ends where a straight walk bumps); reset redraws until the key and the door can be reached.
+`pool_bumps=1` gives the step after a move that changed nothing the anchor "Nothing happens." (what
+ALFWorld answers an inert action, and so its anchor there), pooling all such steps of a group into
+one step group whatever their state; the observation the policy sees is unchanged. It measures
+what that pooling costs GiGPO (bench/README.md, "Key and door").
 """
 import math
 import random
@@ -43,17 +47,21 @@ import gymnasium
 from envs import TextSpace
 
 MOVES = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}
+INERT = "Nothing happens."   # --env_args pool_bumps=1: the anchor after a move that changed nothing
 
 
 class KeyDoor(gymnasium.Env):
-    def __init__(self, size=5, max_steps=40, walls=0, key=1):
-        if not all(type(v) is int for v in (size, max_steps, walls, key)):
-            raise ValueError(f"keydoor: size, max_steps, walls and key must be integers; got size={size!r} "
-                             f"max_steps={max_steps!r} walls={walls!r} key={key!r}")
-        if size < 2 or max_steps < 1 or not 0 <= walls <= size * size // 3 or key not in (0, 1):
-            raise ValueError(f"keydoor: need size >= 2, max_steps >= 1, 0 <= walls <= size^2 / 3, key 0 or 1; "
-                             f"got size={size} max_steps={max_steps} walls={walls} key={key}")
+    def __init__(self, size=5, max_steps=40, walls=0, key=1, pool_bumps=0):
+        if not all(type(v) is int for v in (size, max_steps, walls, key, pool_bumps)):
+            raise ValueError(f"keydoor: size, max_steps, walls, key and pool_bumps must be integers; got size={size!r} "
+                             f"max_steps={max_steps!r} walls={walls!r} key={key!r} pool_bumps={pool_bumps!r}")
+        if size < 2 or max_steps < 1 or not 0 <= walls <= size * size // 3 or key not in (0, 1) \
+                or pool_bumps not in (0, 1):
+            raise ValueError(f"keydoor: need size >= 2, max_steps >= 1, 0 <= walls <= size^2 / 3, key and "
+                             f"pool_bumps 0 or 1; got size={size} max_steps={max_steps} walls={walls} key={key} "
+                             f"pool_bumps={pool_bumps}")
         self.size, self.max_steps, self.n_walls, self.use_key = size, max_steps, walls, bool(key)
+        self.pool_bumps = bool(pool_bumps)
         self.observation_space, self.action_space = TextSpace(), TextSpace(MOVES)
 
     def reset(self, seed=None, options=None):
@@ -73,6 +81,7 @@ class KeyDoor(gymnasium.Env):
 
     def step(self, action):
         self.steps += 1
+        before = (self.pos, self.has_key)
         if action in MOVES:   # anything else (an invalid action) leaves the agent in place
             dr, dc = MOVES[action]
             nxt = (self.pos[0] + dr, self.pos[1] + dc)
@@ -82,7 +91,10 @@ class KeyDoor(gymnasium.Env):
             self.has_key = True
         won = self.has_key and self.pos == self.door
         truncated = not won and self.steps >= self.max_steps
-        return self._obs(), float(won), won, truncated, self._info(won)
+        info = self._info(won)
+        if self.pool_bumps and (self.pos, self.has_key) == before:
+            info["anchor"] = INERT
+        return self._obs(), float(won), won, truncated, info
 
     def _free(self, cell):
         return 0 <= cell[0] < self.size and 0 <= cell[1] < self.size and cell not in self.walls

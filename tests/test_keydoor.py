@@ -39,6 +39,23 @@ def test_truncates_walls_block_and_key0():
     assert env.step("right")[1:3] == (1.0, True)
 
 
+def test_pool_bumps_pools_the_anchor_after_a_no_op_only():
+    """pool_bumps=1: the step after a move that changed nothing is anchored on "Nothing happens."
+    (ALFWorld's pooled anchor); a real move, a pickup and the default env keep the state's text."""
+    env = KeyDoor(size=5, pool_bumps=1)
+    start(env, (0, 0), (0, 1), (4, 4))
+    assert "anchor" not in env.step("right")[4]               # onto the key: picked up, the state changed
+    obs, _, _, _, info = env.step("up")                       # the border: stays, same observation
+    assert obs == "at (0, 1) door (4, 4) have key" and info["anchor"] == "Nothing happens."
+    assert env.step("dance")[4]["anchor"] == "Nothing happens."   # an invalid reply is a no-op too
+    assert "anchor" not in env.step("down")[4]
+    plain = KeyDoor(size=5)
+    start(plain, (0, 0), (0, 1), (4, 4))
+    assert "anchor" not in plain.step("up")[4]
+    with pytest.raises(ValueError, match="pool_bumps"):
+        KeyDoor(pool_bumps=2)
+
+
 def test_reset_is_seeded_and_always_solvable():
     a, b = KeyDoor(walls=6), KeyDoor(walls=6)
     assert a.reset(5)[0] == b.reset(seed=5)[0]
