@@ -12,6 +12,9 @@ difference of mean final held-out success (first - other) with a 95% bootstrap i
 config's seeds), and a two-sided Mann-Whitney U test on the finals and on the iterations to the bar
 (a run that never reached it ranks last). Its p is exact (all splits of the pooled seeds into two
 sets of the configs' sizes, ties at mid-rank) up to 200,000 splits, and from 200,000 random ones above.
+
+`--at N` reads every run as if it had stopped at iteration N: its last eval at or before N is the
+"final", and the bar counts only up to N (e.g. `--report --at 10`: did two configs differ that early?).
 """
 import argparse
 import itertools
@@ -41,11 +44,13 @@ def run_one(k, name, extra, seed, args):
     return name, seed, out
 
 
-def summarise(name, runs, bar):
+def summarise(name, runs, bar, at=None):
+    """One table row for a config's runs; at: read each run only up to that iteration."""
     rows = []
     for out in runs:
         path = os.path.join(out, "metrics.jsonl")
         ms = [json.loads(l) for l in open(path)] if os.path.exists(path) else []
+        ms = [m for m in ms if at is None or m["iteration"] <= at]
         evals = [m for m in ms if m.get("eval_success") is not None]
         hit = next((m for m in ms if (m.get("eval_success") or 0) >= bar), None)
         rows.append({"final": evals[-1]["eval_success"] if evals else float("nan"),   # a stopped run: its last eval
@@ -94,14 +99,14 @@ def bootstrap_diff(a, b, n=10_000, seed=0):
     return float(a.mean() - b.mean()), float(np.percentile(d, 2.5)), float(np.percentile(d, 97.5))
 
 
-def compare(name_a, rows_a, name_b, rows_b, bar):
+def compare(name_a, rows_a, name_b, rows_b, bar, what="final held-out success"):
     """One line per measure: config a against config b over their seeds (see the module docstring)."""
     fa, fb = [r["final"] for r in rows_a], [r["final"] for r in rows_b]
     if len(fa) < 2 or len(fb) < 2:
         return
     d, lo, hi = bootstrap_diff(fa, fb)
     u, p = mann_whitney(fa, fb)
-    print(f"{name_a} - {name_b}: final held-out success {d:+.3f} (95% bootstrap CI {lo:+.3f} .. {hi:+.3f}); "
+    print(f"{name_a} - {name_b}: {what} {d:+.3f} (95% bootstrap CI {lo:+.3f} .. {hi:+.3f}); "
           f"Mann-Whitney U = {u:.1f}, p = {p:.3f} (n = {len(fa)}, {len(fb)})")
     never = 1 + max([r["last"] for r in rows_a + rows_b] + [0])             # never reached: ranks last
     ia = [r["it_bar"] if r["it_bar"] is not None else never for r in rows_a]
@@ -124,6 +129,8 @@ def main():
     ap.add_argument("--bar", type=float, default=0.8, help="held-out success to time")
     ap.add_argument("--out", default="out/bench")
     ap.add_argument("--report", action="store_true", help="only summarise the runs already in --out")
+    ap.add_argument("--at", type=int, default=None, help="read the runs only up to this iteration ('final' = "
+                    "the last eval at or before it)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     runs = [tuple(r.split("=", 1)) if "=" in r else (r, "") for r in args.run]
@@ -133,14 +140,16 @@ def main():
     else:
         with ThreadPoolExecutor(args.parallel) as pool:
             done = list(pool.map(lambda kj: run_one(kj[0], *kj[1], args), enumerate(jobs)))
-    print(f"\n| config | reached {args.bar} | iterations to {args.bar} | seconds to {args.bar} | final held-out "
-          f"success | final >= 0.9 | run seconds | finals |\n|---|---|---|---|---|---|---|---|")
-    rows = {name: summarise(name, [out for n, _, out in done if n == name], args.bar) for name, _ in runs}
+    final = "final" if args.at is None else f"at iteration {args.at}:"
+    print(f"\n| config | reached {args.bar} | iterations to {args.bar} | seconds to {args.bar} | {final} held-out "
+          f"success | {final} >= 0.9 | run seconds | {final} |\n|---|---|---|---|---|---|---|---|")
+    rows = {name: summarise(name, [out for n, _, out in done if n == name], args.bar, args.at) for name, _ in runs}
     first, *others = list(rows)
     if others:
         print()
     for other in others:
-        compare(first, rows[first], other, rows[other], args.bar)
+        compare(first, rows[first], other, rows[other], args.bar,
+                "final held-out success" if args.at is None else f"held-out success at iteration {args.at}")
 
 
 if __name__ == "__main__":

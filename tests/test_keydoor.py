@@ -106,6 +106,19 @@ def test_mann_whitney_and_bootstrap_by_hand():
     assert d == pytest.approx(0.575) and 0.3 < lo < d < hi < 0.8
 
 
+def test_sweep_reads_runs_up_to_an_iteration(tmp_path, capsys):
+    """--at N: each run's last eval at or before N is its "final", and the bar counts only up to N."""
+    from bench.sweep import summarise
+    run = tmp_path / "gigpo-s0"
+    run.mkdir()
+    lines = [{"iteration": i, "wall": 2.0 * i, "eval_success": e} for i, e in ((5, 0.1), (10, 0.2), (15, 0.5))]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines))
+    full, early = summarise("gigpo", [str(run)], 0.4)[0], summarise("gigpo", [str(run)], 0.4, at=12)[0]
+    assert (full["final"], full["it_bar"], full["last"]) == (0.5, 15, 15)
+    assert (early["final"], early["it_bar"], early["last"]) == (0.2, None, 10)
+    assert "| gigpo | 0/1 |" in capsys.readouterr().out.splitlines()[-1]
+
+
 def fake_run(path, step_returns, adv_episode, anchors, actions, won):
     """One training group of two episodes written as records.episodes does."""
     eps = []
