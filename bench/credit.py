@@ -8,7 +8,9 @@ A^S recomputed from the logged step returns and step groups (so a GRPO run's epi
 GiGPO would have made of them, and the reverse). Runs named NAME-sSEED are pooled by NAME. Prints:
 
   * step groups: share of samples in a step group of size 1 (A^S = 0 there), the share of step
-    groups of size 1 (the paper's statistic), and the mean step-group size a sample sits in;
+    groups of size 1 (the paper's statistic), and the mean step-group size a sample sits in; below
+    the table, the most common anchor text and its share of the samples (ALFWorld's "Nothing
+    happens.", one anchor for whatever state an inert action was taken in);
   * sign disagreement: among samples where both A^E and A^S are non-zero, the share whose signs
     differ (GiGPO tells those steps the opposite of what their episode says); and the share of
     samples with A^E = 0 (their group's episodes all scored alike: GRPO learns nothing from them)
@@ -25,7 +27,7 @@ import argparse
 import json
 import os
 import re
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 import numpy as np
 
@@ -54,7 +56,7 @@ def step_rows(groups, norm, omega, size):
             nxt = ep["steps"][k + 1]["anchor"] if k + 1 < len(ep["steps"]) else None
             keydoor = re.match(r"at \(\d+, \d+\)", s["anchor"] or "") and " door (" in s["anchor"]
             rows.append({"a_e": s["adv_episode"], "a_s": omega * step_adv, "size": s["step_group_size"],
-                         "group": s["step_group"], "won": ep["return"] > 0, "valid": s["valid"],
+                         "anchor": s["anchor"], "group": s["step_group"], "won": ep["return"] > 0, "valid": s["valid"],
                          "pickup": bool(keydoor and " key (" in s["anchor"] and nxt and "have key" in nxt),
                          "toward": bool(keydoor and s["valid"] and s["action"] in good_moves(s["anchor"], size)),
                          "keydoor": bool(keydoor)})
@@ -73,6 +75,8 @@ def report(name, rows):
            "step_only": float(np.mean((a_e == 0) & (a_s != 0))),
            "flips": float(np.mean(np.sign(a_e + a_s) != np.sign(a_e))),
            "cosine": float((a_e + a_s) @ a_e / (np.linalg.norm(a_e + a_s) * np.linalg.norm(a_e) or 1.0))}
+    out["top_anchor"], count = Counter(r["anchor"] for r in rows).most_common(1)[0]
+    out["top_anchor_share"] = count / len(rows)
     adv = {"grpo": a_e, "gigpo": a_e + a_s}
     if any(r["keydoor"] for r in rows):
         won = np.array([r["won"] for r in rows])
@@ -112,6 +116,8 @@ def main(argv=None):
         print(f"| {r['name']} | {r['samples']} | {r['singleton_samples']:.3f} | {r['singleton_groups']:.3f} | "
               f"{r['mean_group_size']:.1f} | {r['sign_disagree']:.3f} | {r['step_only']:.3f} | {r['flips']:.3f} | "
               f"{r['cosine']:.3f} |")
+    print("\nmost common anchor: " + "; ".join(
+        f"{r['name']} {str(r['top_anchor'])[:40]!r} on {r['top_anchor_share']:.3f} of samples" for r in results))
     if any("grpo_sep_all" in r for r in results):
         print("\n| runs | advantage | key pickup, won | key pickup, lost | towards - other, won | towards - other, "
               "lost | towards - other, all |\n|---|---|---|---|---|---|---|")

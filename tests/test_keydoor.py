@@ -152,11 +152,12 @@ def test_credit_puts_both_advantages_on_the_same_steps(tmp_path):
     assert r["grpo_sep_lost"] == pytest.approx(0.0)                       # same episode, same A^E
     assert r["gigpo_sep_all"] > r["grpo_sep_all"]
     assert np.isfinite(r["mean_group_size"])
+    assert (r["top_anchor"], r["top_anchor_share"]) == (s0, pytest.approx(3 / 5))   # s0: 3 of the 5 samples
 
 
 def test_credit_sign_disagreement_counts_only_steps_with_both_parts():
     from bench.credit import report
-    rows = [{"a_e": e, "a_s": a, "size": 2, "group": 0, "won": e > 0, "valid": True, "pickup": False,
+    rows = [{"a_e": e, "a_s": a, "size": 2, "group": 0, "anchor": "s", "won": e > 0, "valid": True, "pickup": False,
              "toward": False, "keydoor": False} for e, a in [(0.5, 0.2), (0.5, -0.1), (-0.5, -0.3), (0.0, 0.4), (0.5, 0.0)]]
     r = report("x", rows)
     assert r["sign_disagree"] == pytest.approx(1 / 3) and r["singleton_samples"] == 0.0 and r["mean_group_size"] == 2
