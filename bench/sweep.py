@@ -14,7 +14,8 @@ config's seeds), and a two-sided Mann-Whitney U test on the finals and on the it
 sets of the configs' sizes, ties at mid-rank) up to 200,000 splits, and from 200,000 random ones above.
 
 `--at N` reads every run as if it had stopped at iteration N: its last eval at or before N is the
-"final", and the bar counts only up to N (e.g. `--report --at 10`: did two configs differ that early?).
+"final", and the bar counts only up to N (e.g. `--report --at 10`: did two configs differ that early?;
+`--at 10 50 150` prints one table per N).
 """
 import argparse
 import itertools
@@ -129,8 +130,8 @@ def main():
     ap.add_argument("--bar", type=float, default=0.8, help="held-out success to time")
     ap.add_argument("--out", default="out/bench")
     ap.add_argument("--report", action="store_true", help="only summarise the runs already in --out")
-    ap.add_argument("--at", type=int, default=None, help="read the runs only up to this iteration ('final' = "
-                    "the last eval at or before it)")
+    ap.add_argument("--at", type=int, nargs="+", default=[None], help="read the runs only up to this iteration "
+                    "('final' = the last eval at or before it); several: one table each")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     runs = [tuple(r.split("=", 1)) if "=" in r else (r, "") for r in args.run]
@@ -140,16 +141,17 @@ def main():
     else:
         with ThreadPoolExecutor(args.parallel) as pool:
             done = list(pool.map(lambda kj: run_one(kj[0], *kj[1], args), enumerate(jobs)))
-    final = "final" if args.at is None else f"at iteration {args.at}:"
-    print(f"\n| config | reached {args.bar} | iterations to {args.bar} | seconds to {args.bar} | {final} held-out "
-          f"success | {final} >= 0.9 | run seconds | {final} |\n|---|---|---|---|---|---|---|---|")
-    rows = {name: summarise(name, [out for n, _, out in done if n == name], args.bar, args.at) for name, _ in runs}
-    first, *others = list(rows)
-    if others:
-        print()
-    for other in others:
-        compare(first, rows[first], other, rows[other], args.bar,
-                "final held-out success" if args.at is None else f"held-out success at iteration {args.at}")
+    for at in args.at:
+        final = "final" if at is None else f"at iteration {at}:"
+        print(f"\n| config | reached {args.bar} | iterations to {args.bar} | seconds to {args.bar} | {final} held-out "
+              f"success | {final} >= 0.9 | run seconds | {final} |\n|---|---|---|---|---|---|---|---|")
+        rows = {name: summarise(name, [out for n, _, out in done if n == name], args.bar, at) for name, _ in runs}
+        first, *others = list(rows)
+        if others:
+            print()
+        for other in others:
+            compare(first, rows[first], other, rows[other], args.bar,
+                    "final held-out success" if at is None else f"held-out success at iteration {at}")
 
 
 if __name__ == "__main__":
