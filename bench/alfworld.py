@@ -80,9 +80,10 @@ def main():
         print("| envs.alfworld's speed-ups (in-process, 4 x 4 envs) | resets/s (16 envs) | steps/s (16 envs) |\n"
               "|---|---|---|")
         names = list(alf.SPEEDUPS)
-        steps = [names[:k] for k in range(len(names) + 1)] + [[]]   # none, adding one at a time, none again
-        for k, on in enumerate(steps):
-            label = " + ".join(on) or "none (TextWorld's own)" + (", again" if k else "")
+        configs = [names[:k] for k in range(len(names) + 1)] + [[]]   # none, adding one at a time, none again
+        for k, on in enumerate(configs):
+            label = (" + ".join(on) + (" (the default)" if on == names else "")) if on else \
+                "none (TextWorld's own)" + (", again" if k else "")
             alf.use_speedups(on)
             resets, steps = env_throughput(0, n_groups=4, group_size=4, rounds=args.rounds)
             print(f"| {label} | {resets:.1f} | {steps:.1f} |", flush=True)

@@ -21,7 +21,8 @@ GiGPO would have made of them, and the reverse). Runs named NAME-sSEED are poole
     not: the mean advantage each algorithm gives them, in won and in lost episodes, and the
     separation = mean A of steps towards the target - mean A of the other valid steps.
 
-For other envs the first two parts apply (the decisive-step part needs keydoor's observations).
+For other envs the first two parts apply (the decisive-step part needs keydoor's observations as
+anchors, so under keydoor's `pool_bumps=1` it leaves out the steps anchored on "Nothing happens.").
 """
 import argparse
 import json
