@@ -16,6 +16,10 @@ GiGPO would have made of them, and the reverse). Runs named NAME-sSEED are poole
     samples with A^E = 0 (their group's episodes all scored alike: GRPO learns nothing from them)
     but A^S != 0 (GiGPO still does); and over all samples, the share where GiGPO's A and GRPO's
     differ in sign (GRPO's 0 included), and the cosine of the two advantage vectors;
+  * by the outcome of each episode group (all lost, mixed, all won): how many groups, the share of
+    the samples in them, and the share of GiGPO's step credit (the sum of abs(A^S)) they hold. In an
+    all-lost group of a sparse-reward env only the invalid-action penalty moves A^S; in an all-won
+    group A^E = 0 and A^S alone ranks the steps (by their discounted returns);
   * the decisive steps of the key-and-door game (envs/keydoor.py): the step that picks up the key,
     and every step towards the current target (`keydoor.good_moves`) against the valid steps that are
     not: the mean advantage each algorithm gives them, in won and in lost episodes, and the
@@ -51,6 +55,7 @@ def step_rows(groups, norm, omega, size):
     from envs.keydoor import good_moves
     rows = []
     for eps in groups.values():
+        outcome = group_outcome(eps)
         steps = [(ep, k, s) for ep in eps for k, s in enumerate(ep["steps"])]
         a_s = gigpo.step_advantage([s["step_return"] for _, _, s in steps], [s["step_group"] for _, _, s in steps], norm)
         for (ep, k, s), step_adv in zip(steps, a_s):
@@ -58,10 +63,19 @@ def step_rows(groups, norm, omega, size):
             keydoor = re.match(r"at \(\d+, \d+\)", s["anchor"] or "") and " door (" in s["anchor"]
             rows.append({"a_e": s["adv_episode"], "a_s": omega * step_adv, "size": s["step_group_size"],
                          "anchor": s["anchor"], "group": s["step_group"], "won": ep["return"] > 0, "valid": s["valid"],
+                         "outcome": outcome,
                          "pickup": bool(keydoor and " key (" in s["anchor"] and nxt and "have key" in nxt),
                          "toward": bool(keydoor and s["valid"] and s["action"] in good_moves(s["anchor"], size)),
                          "keydoor": bool(keydoor)})
     return rows
+
+
+OUTCOMES = ("lost", "mixed", "won")   # a sample's episode group: none, some, or all of its episodes won
+
+
+def group_outcome(eps):
+    wins = sum(ep["return"] > 0 for ep in eps)
+    return "lost" if wins == 0 else "won" if wins == len(eps) else "mixed"
 
 
 def report(name, rows):
@@ -76,6 +90,10 @@ def report(name, rows):
            "step_only": float(np.mean((a_e == 0) & (a_s != 0))),
            "flips": float(np.mean(np.sign(a_e + a_s) != np.sign(a_e))),
            "cosine": float((a_e + a_s) @ a_e / (np.linalg.norm(a_e + a_s) * np.linalg.norm(a_e) or 1.0))}
+    outcome = np.array([r["outcome"] for r in rows])
+    for o in OUTCOMES:   # where the samples are, and where A^S (GiGPO's step credit) puts its weight
+        out[f"{o}_samples"] = float(np.mean(outcome == o))
+        out[f"{o}_step_mass"] = float(np.abs(a_s[outcome == o]).sum() / (np.abs(a_s).sum() or 1.0))
     out["top_anchor"], count = Counter(r["anchor"] for r in rows).most_common(1)[0]
     out["top_anchor_share"] = count / len(rows)
     adv = {"grpo": a_e, "gigpo": a_e + a_s}
@@ -101,13 +119,16 @@ def main(argv=None):
     ap.add_argument("--omega", type=float, default=1.0, help="the runs' --omega")
     ap.add_argument("--size", type=int, default=5, help="keydoor's grid size (for the steps towards the target)")
     args = ap.parse_args(argv)
-    pooled = defaultdict(list)
+    pooled, n_groups = defaultdict(list), defaultdict(Counter)
     for run in args.runs:
         if not os.path.exists(os.path.join(run, "episodes.jsonl")):
             raise SystemExit(f"bench.credit: {run}/episodes.jsonl not found (run train.py with --log_groups >= 1)")
         name = re.sub(r"-s\d+$", "", os.path.basename(os.path.normpath(run)))
-        pooled[name] += step_rows(load(run, *args.iterations), args.norm, args.omega, args.size)
-    results = [report(name, rows) for name, rows in pooled.items() if rows]
+        groups = load(run, *args.iterations)
+        n_groups[name].update(group_outcome(eps) for eps in groups.values())
+        pooled[name] += step_rows(groups, args.norm, args.omega, args.size)
+    results = [report(name, rows) | {f"{o}_groups": n_groups[name][o] for o in OUTCOMES}
+               for name, rows in pooled.items() if rows]
     print(f"training episodes of iterations {args.iterations[0]}-{args.iterations[1]}; A^S recomputed "
           f"(norm {args.norm}, omega {args.omega}); GRPO's A = A^E, GiGPO's A = A^E + A^S, on the same samples\n")
     print("| runs | samples | in a singleton step group | singleton step groups | mean step-group size "
@@ -119,6 +140,12 @@ def main(argv=None):
               f"{r['cosine']:.3f} |")
     print("\nmost common anchor: " + "; ".join(
         f"{r['name']} {str(r['top_anchor'])[:40]!r} on {r['top_anchor_share']:.3f} of samples" for r in results))
+    print("\nby the outcome of the sample's episode group (GRPO's A^E is 0 where all its episodes tie):\n\n"
+          "| runs | groups: all lost / mixed / all won | samples: all lost | mixed | all won "
+          "| share of sum abs(A^S): all lost | mixed | all won |\n|---|---|---|---|---|---|---|---|")
+    for r in results:
+        print(f"| {r['name']} | " + " / ".join(str(r[f"{o}_groups"]) for o in OUTCOMES) + " | "
+              + " | ".join(f"{r[f'{o}_{k}']:.3f}" for k in ("samples", "step_mass") for o in OUTCOMES) + " |")
     if any("grpo_sep_all" in r for r in results):
         print("\n| runs | advantage | key pickup, won | key pickup, lost | towards - other, won | towards - other, "
               "lost | towards - other, all |\n|---|---|---|---|---|---|---|")

@@ -153,13 +153,33 @@ def test_credit_puts_both_advantages_on_the_same_steps(tmp_path):
     assert r["gigpo_sep_all"] > r["grpo_sep_all"]
     assert np.isfinite(r["mean_group_size"])
     assert (r["top_anchor"], r["top_anchor_share"]) == (s0, pytest.approx(3 / 5))   # s0: 3 of the 5 samples
+    assert (r["mixed_samples"], r["mixed_step_mass"], r["won_samples"]) == (1.0, 1.0, 0.0)   # one won, one lost
+
+
+def test_credit_sorts_samples_by_their_groups_outcome(tmp_path):
+    """A group whose episodes all won (GRPO's A^E = 0 there) and one whose episodes all lost."""
+    from bench import credit
+    s0, s1 = "at (0, 0) key (0, 1) door (0, 2)", "at (0, 1) door (0, 2) have key"
+    for name, won in (("allwon-s0", [1, 1]), ("alllost-s0", [0, 0])):
+        fake_run(tmp_path / name, step_returns=[[0.9025, 0.95], [0.857, 0.9025, 0.95]] if won[0] else [[0, 0], [0, 0, 0]],
+                 adv_episode=[[0, 0], [0, 0, 0]], anchors=[[s0, s1], [s0, s0, s1]],
+                 actions=[["right", "right"], ["up", "right", "right"]], won=won)
+    r_won, r_lost = credit.main([str(tmp_path / "allwon-s0"), str(tmp_path / "alllost-s0")])
+    # s0's three visits return 0.9025, 0.857, 0.9025: A^S != 0 on them; s1's two both return 0.95: A^S = 0
+    assert (r_won["won_samples"], r_won["won_step_mass"], r_won["step_only"]) == (1.0, 1.0, pytest.approx(3 / 5))
+    assert (r_won["won_groups"], r_won["lost_groups"], r_lost["lost_groups"]) == (1, 0, 1)
+    assert (r_lost["lost_samples"], r_lost["step_only"]) == (1.0, 0.0)     # no return differs: A^S = 0 too
 
 
 def test_credit_sign_disagreement_counts_only_steps_with_both_parts():
     from bench.credit import report
     rows = [{"a_e": e, "a_s": a, "size": 2, "group": 0, "anchor": "s", "won": e > 0, "valid": True, "pickup": False,
-             "toward": False, "keydoor": False} for e, a in [(0.5, 0.2), (0.5, -0.1), (-0.5, -0.3), (0.0, 0.4), (0.5, 0.0)]]
+             "toward": False, "keydoor": False, "outcome": o}
+            for e, a, o in [(0.5, 0.2, "mixed"), (0.5, -0.1, "mixed"), (-0.5, -0.3, "mixed"), (0.0, 0.4, "won"),
+                            (0.5, 0.0, "mixed")]]
     r = report("x", rows)
+    assert (r["won_samples"], r["mixed_samples"], r["lost_samples"]) == (pytest.approx(1 / 5), pytest.approx(4 / 5), 0.0)
+    assert r["won_step_mass"] == pytest.approx(0.4 / 1.0)             # sum abs(A^S) = 0.2 + 0.1 + 0.3 + 0.4
     assert r["sign_disagree"] == pytest.approx(1 / 3) and r["singleton_samples"] == 0.0 and r["mean_group_size"] == 2
     # whole advantages: (0.7, 0.4, -0.8, 0.4, 0.5) against (0.5, 0.5, -0.5, 0, 0.5): only the 4th differs in sign
     assert r["flips"] == pytest.approx(1 / 5)
