@@ -136,14 +136,16 @@ TINY_CORPUS_EPISODES = 3   # `--model tiny` trains its word-level tokenizer on t
 
 def eval_sets(n=None, data_dir=None, names=None):
     """Evaluation sets: name -> (env kwargs, seeds): valid_seen (in-distribution, 140 games) and
-    valid_unseen (out-of-distribution, 134), each the whole split in order; n caps the count; names
-    picks some (only their games need to be there)."""
+    valid_unseen (out-of-distribution, 134), each the whole split in order; n caps the count, taking
+    games spread evenly over the split (it is sorted by task type: its first n would be one or two
+    types); names picks some (only their games need to be there)."""
     known = ("valid_seen", "valid_unseen")
     unknown = [x for x in names or () if x not in known]
     if unknown:
         raise ValueError(f"--eval_sets {','.join(names)}: alfworld has the eval sets {','.join(known)}")
     sizes = {split: len(game_files(split, data_dir)) for split in names or known}
-    return {split: ({"split": split}, list(range(min(size, n or size)))) for split, size in sizes.items()}
+    return {split: ({"split": split}, [k * size // m for k in range(m)])
+            for split, size in sizes.items() for m in [min(size, n or size)]}
 
 
 def data_root(data_dir=None):
@@ -153,7 +155,7 @@ def data_root(data_dir=None):
 def game_files(split, data_dir=None):
     root = data_root(data_dir)
     games = sorted(g for g in glob.glob(os.path.join(root, "json_2.1.1", split, "*", "*", "game.tw-pddl"))
-                   if "movable" not in g and "Sliced" not in g)
+                   if not any(w in os.path.relpath(g, root) for w in ("movable", "Sliced")))   # not in root's name
     if not games:
         raise FileNotFoundError(
             f"no ALFWorld games under {root}/json_2.1.1/{split}: run `alfworld-download` (needs internet) "

@@ -141,6 +141,8 @@ class GroupedEnvs:
         return results
 
     def close(self):
+        for env in getattr(self, "envs", []):   # in-process: an ALFWorld game frees its planner library here
+            env.close()
         for conn, p in zip(getattr(self, "conns", []), getattr(self, "procs", [])):
             try:
                 conn.send(("close", None))

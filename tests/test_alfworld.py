@@ -276,8 +276,23 @@ def test_train_split_mixes_task_types_eval_splits_stay_sorted(tmp_path):
     assert valid == sorted(valid) and task_type(valid[0]) == task_type(valid[29])
 
 
+def test_game_filter_reads_the_game_folder_not_the_data_dir(tmp_path):
+    """Games whose folder says movable or Sliced are left out (as ALFWorld's loader does); a data dir
+    with such a word in its own path keeps its games."""
+    pytest.importorskip("alfworld", reason="alfworld is not installed (pip install -r requirements.txt)")
+    from envs.alfworld import game_files
+    root = tmp_path / "Sliced-movable-copy"
+    for folder in ("pick_and_place_simple-Apple-None-Fridge-1", "pick_and_place_simple-AppleSliced-None-Fridge-2",
+                   "pick_and_place_movable-Apple-None-Fridge-3"):
+        game = root / "json_2.1.1" / "valid_seen" / folder / "trial_0"
+        game.mkdir(parents=True)
+        (game / "game.tw-pddl").write_text("{}")
+    assert [os.path.basename(os.path.dirname(os.path.dirname(g))) for g in game_files("valid_seen", str(root))] == [
+        "pick_and_place_simple-Apple-None-Fridge-1"]
+
+
 def test_eval_sets_cover_the_splits_in_order(data_dir):
-    from envs.alfworld import ALFWorld, eval_sets
+    from envs.alfworld import ALFWorld, eval_sets, task_type
     sets = eval_sets(data_dir=data_dir)
     assert set(sets) == {"valid_seen", "valid_unseen"}
     for split, (kwargs, seeds) in sets.items():
@@ -285,6 +300,9 @@ def test_eval_sets_cover_the_splits_in_order(data_dir):
     assert all(len(s) == 2 for _, s in eval_sets(2, data_dir).values())
     if not USER_DATA:   # the unpacked subset: 2 games per task type
         assert len(ALFWorld("train", data_dir).games) == 12
+        for split, (_, seeds) in eval_sets(6, data_dir).items():   # a cap spreads over the sorted split
+            games = ALFWorld(split, data_dir).games
+            assert len({task_type(games[k]) for k in seeds}) == 6, (split, seeds)
 
 
 def test_eval_sets_need_only_their_own_games(data_dir, tmp_path, monkeypatch):

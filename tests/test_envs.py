@@ -87,6 +87,22 @@ def test_grouped_envs_identical_starts(workers):
         envs.close()
 
 
+class Closing(TreasureHunt):
+    closed = 0
+
+    def close(self):
+        self.closed += 1
+
+
+def test_grouped_envs_close_their_in_process_envs(monkeypatch):
+    """workers=0: close() reaches every env (an ALFWorld game frees its planner library there)."""
+    import envs as registry
+    monkeypatch.setitem(registry.ENVS, "closing", ("tests.test_envs", "Closing", {}))
+    envs = GroupedEnvs("closing", n_groups=2, group_size=3)
+    envs.close()
+    assert [e.closed for e in envs.envs] == [1] * 6
+
+
 class Unseeded(TreasureHunt):
     count = 0
 
