@@ -63,7 +63,8 @@ def evaluate(tok, cfg, envs, prompt, engine, on_samples=None, iteration=None):
     line per named set: its success, per task type, and the share of invalid-action steps. Writes
     out_dir/eval.json, again as each set ends (a run cut short keeps the sets done): the iteration,
     these rates, each set's games won (1) or not (0) in order and (named sets with task types) each
-    game's type, for a game-by-game comparison of two evals (`python -m evaluate A B`)."""
+    game's type, for a game-by-game comparison of two evals (`python -m evaluate A B`). A game a dead
+    env worker cut short is no result: null in eval.json, left out of every rate (and said so)."""
     rates, games, types = {}, {}, {}
     for name, (kwargs, seeds) in eval_plan(cfg).items():
         set_envs = eval_envs_for(cfg, envs, kwargs, seeds)
@@ -72,26 +73,34 @@ def evaluate(tok, cfg, envs, prompt, engine, on_samples=None, iteration=None):
                                  1.0, cfg.max_response_tokens, desc=f"eval {name}" if kwargs else None)
         if on_samples:   # records.py: a few whole episodes of each set go to disk
             on_samples(name, samples)
-        games[name] = [int(e["won"]) for e in episodes]
-        rates[name] = float(np.mean(games[name]))
+        games[name] = [None if e.get("worker_died") else int(e["won"]) for e in episodes]
+        rates[name] = known_mean(games[name])
+        if None in games[name]:
+            tqdm.write(f"eval {name}: {games[name].count(None)} games cut short by a dead env worker, left out")
         if set_envs is not envs:
             set_envs.close()
             if any(e.get("task_type") for e in episodes):
                 types[name] = [e.get("task_type", "") for e in episodes]
             by_type = {}                                    # task type -> [won, ...]
             for t, won in zip(types.get(name, []), games[name]):
-                if t:
+                if t and won is not None:
                     by_type.setdefault(t, []).append(won)
             rates |= {f"{name}/{t}": float(np.mean(w)) for t, w in sorted(by_type.items())}
             per_type = " ".join(f"{t} {rates[f'{name}/{t}']:.3f} ({len(w)})" for t, w in sorted(by_type.items()))
             invalid = sum(e["invalid"] for e in episodes) / max(1, sum(e["length"] for e in episodes))
-            tqdm.write(f"eval {name}: success {rates[name]:.3f} over {len(episodes)} games, "
+            tqdm.write(f"eval {name}: success {rates[name]:.3f} over {len(episodes) - games[name].count(None)} games, "
                        f"invalid actions {invalid:.3f} of steps | {per_type}")
         os.makedirs(cfg.out_dir, exist_ok=True)
         records.write_whole(os.path.join(cfg.out_dir, "eval.json"), json.dumps(
             {"iteration": iteration, "model": cfg.model, "temperature": cfg.eval_temperature, "rates": rates,
              "games": games, "types": types}))
     return rates
+
+
+def known_mean(games):
+    """The share won among the games with a result (None: cut short by a dead worker); nan if none."""
+    known = [g for g in games if g is not None]
+    return float(np.mean(known)) if known else float("nan")
 
 
 def headline(rates):
@@ -120,12 +129,12 @@ def random_policy_success(cfg, envs):
             res = set_envs.step({i: rng.choice(infos[i]["admissible_actions"]) for i in active})
             for i, (o, r, term, trunc, info) in res.items():
                 infos[i] = info
-                if term or trunc:
+                if (term or trunc) and not info.get("worker_died"):
                     wins.append(bool(info.get("won")))
             active = [i for i in active if not (res[i][2] or res[i][3])]
         if set_envs is not envs:
             set_envs.close()
-        rates[name] = float(np.mean(wins))
+        rates[name] = known_mean(wins)
     return rates
 
 
@@ -157,7 +166,8 @@ def load_eval(path):
 
 def compare(path_a, path_b):
     """The eval.json of two runs (or their out dirs) -> a markdown table, one row per set both played
-    (and per task type in it, where both evals list the same games' types)."""
+    (and per task type in it, where both evals list the same games' types). A game that either eval
+    has no result for (null: a dead env worker) is left out of that row."""
     a, b = (load_eval(p) for p in (path_a, path_b))
     rows = ["| set | games | A success | B success | only A won | only B won | paired p |", "|---|---|---|---|---|---|---|"]
     for name in a["games"]:
@@ -168,9 +178,13 @@ def compare(path_a, path_b):
         if kinds and kinds == b.get("types", {}).get(name):   # then a row per task type as well
             subsets |= {f"{name}/{t}": [i for i, k in enumerate(kinds) if k == t] for t in sorted(set(kinds))}
         for label, idx in subsets.items():
-            ga, gb = [a["games"][name][i] for i in idx], [b["games"][name][i] for i in idx]
+            if len(a["games"][name]) != len(b["games"][name]):
+                raise ValueError(f"{name}: the evals played {len(a['games'][name])} and {len(b['games'][name])} "
+                                 "games: not the same set")
+            both = [(a["games"][name][i], b["games"][name][i]) for i in idx]   # the games with a result in both
+            ga, gb = zip(*[(x, y) for x, y in both if x is not None and y is not None]) or ((), ())
             only_a, only_b, p = paired(ga, gb)
-            rows.append(f"| {label} | {len(ga)} | {sum(ga) / len(ga):.3f} | {sum(gb) / len(gb):.3f} | "
+            rows.append(f"| {label} | {len(ga)} | {known_mean(ga):.3f} | {known_mean(gb):.3f} | "
                         f"{only_a} | {only_b} | {p:.3f} |")
     return "\n".join([f"A = {path_a} (iteration {a['iteration']}), B = {path_b} (iteration {b['iteration']})", *rows])
 

@@ -199,6 +199,33 @@ def test_eval_json_keeps_the_sets_done(tmp_path, monkeypatch):
     assert saved["rates"] == {"seen": 0.5, "seen/heat": 0.0, "seen/pick": 1.0}
 
 
+def test_eval_leaves_out_games_a_dead_worker_cut_short(tmp_path, monkeypatch):
+    """A game cut short by a dead env worker is no result: null in eval.json, out of every rate, and
+    out of the game-by-game comparison (not a loss)."""
+    import evaluate
+    import train
+
+    class Envs:
+        n = 3
+
+        def close(self):
+            pass
+    eps = [{"won": True, "task_type": "pick", "invalid": 0, "length": 3},
+           {"won": False, "task_type": "pick", "invalid": 0, "length": 7, "worker_died": True},
+           {"won": False, "task_type": "heat", "invalid": 0, "length": 50}]
+    monkeypatch.setattr(evaluate, "rollout", lambda *a, **k: ([], eps, None))
+    monkeypatch.setattr(evaluate, "eval_plan", lambda cfg: {"seen": ({"split": "seen"}, [0, 1, 2])})
+    monkeypatch.setattr(evaluate, "eval_envs_for", lambda *args: Envs())
+    rates = evaluate.evaluate(None, train.Config(out_dir=str(tmp_path / "a")), None, None, None, iteration=1)
+    assert rates == {"seen": 0.5, "seen/heat": 0.0, "seen/pick": 1.0}
+    assert json.load(open(tmp_path / "a" / "eval.json"))["games"] == {"seen": [1, None, 0]}
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "eval.json").write_text(json.dumps({"iteration": 2, "rates": {"seen": 1 / 3},
+                                                          "games": {"seen": [0, 1, 0]}}))
+    assert evaluate.compare(str(tmp_path / "a"), str(tmp_path / "b")).splitlines()[3] == (
+        "| seen | 2 | 0.500 | 0.000 | 1 | 0 | 1.000 |")
+
+
 def test_compare_rows_per_task_type(tmp_path):
     """Evals that list each game's task type get a paired row per type under the set's row; an
     eval without types (or with other ones) gets the set's row only."""
