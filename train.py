@@ -198,6 +198,9 @@ def main(argv=None):
         samples, episodes, timing = rollout(envs, engine, tok, prompt, memories, seeds, cfg.temperature,
                                             cfg.top_p, cfg.max_response_tokens)
         samples, episodes, n_dead = drop_dead_workers(samples, episodes)
+        if all_reduce(len(episodes)) == 0:   # every worker died at once: a full disk, an env that cannot start
+            sys.exit(f"error: iteration {it}: every episode was cut short by a dead env worker (the workers' "
+                     f"errors are above); out/ keeps iteration {saved}'s checkpoint (--resume 1 once fixed)")
         # 2. advantages (--algo ppo: GAE on the critic's values), a few whole groups recorded with GiGPO's
         #    view of each step; the update trains on all but DAPO's tied groups, tokens balanced over ranks
         lp = dict(cfg=cfg, device=device, pad_id=tok.pad_token_id, packed=packed)

@@ -7,7 +7,8 @@ not: a group with mixed starts silently breaks every group baseline.
 
 A worker that dies (a crashing game engine, the OOM killer) costs its episodes, not the run: it is
 restarted with fresh envs, its envs' running episodes end as truncated (on their last observation,
-info["worker_died"] = True; train.py neither trains on them nor counts them in success), and a line
+info["worker_died"] = True; train.py neither trains on them nor counts them in success, an eval
+leaves them out, and an iteration that loses every episode stops the run in one line), and a line
 goes to stderr; a reset is retried once on the new worker.
 """
 import multiprocessing as mp

@@ -226,6 +226,20 @@ def test_eval_leaves_out_games_a_dead_worker_cut_short(tmp_path, monkeypatch):
         "| seen | 2 | 0.500 | 0.000 | 1 | 0 | 1.000 |")
 
 
+def test_an_iteration_all_cut_short_stops_in_one_line(tmp_path, monkeypatch):
+    """Every episode of an iteration lost to dead env workers (the disk full): a one-line stop, not
+    a division by zero."""
+    import train
+    real = train.rollout
+
+    def rollout(*args, **kwargs):
+        samples, episodes, timing = real(*args, **kwargs)
+        return samples, [{**e, "worker_died": True} for e in episodes], timing
+    monkeypatch.setattr(train, "rollout", rollout)
+    with pytest.raises(SystemExit, match="iteration 1: every episode was cut short by a dead env worker"):
+        train.main([*SMALL_RUN, "--iterations", "2", "--out_dir", str(tmp_path)])
+
+
 def test_compare_rows_per_task_type(tmp_path):
     """Evals that list each game's task type get a paired row per type under the set's row; an
     eval without types (or with other ones) gets the set's row only."""
