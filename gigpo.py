@@ -277,19 +277,23 @@ def step_advantage(step_rets, step_group_ids, norm="mean_std_norm", eps=1e-6):
 
 
 # --------------------------------------------------------------------------- DAPO's batch shaping
-def tied_groups(scores, group_ids):
+def tied_groups(scores, group_ids, adv=None):
     """DAPO's dynamic sampling (Yu et al. 2025, arXiv 2503.14476, eq. 11) keeps an episode group
     only where its outcomes differ:  0 < |{i in g : o_i correct}| < G,  i.e. std_g > 0.
 
     scores, group_ids: (N,). Returns (N,) bool: True for every sample of a group whose scores all
     tie (max == min: the groups advantage_stats' zero_var_group_frac counts); a one-sample group
     ties. DAPO then samples more groups until the batch is full; train.py only drops them.
+    adv (N,), GiGPO's final advantages: a tied group where any |A| > 1e-9 is kept, not dropped (its
+    A^E is 0 but A^S still ranks its steps: all won, some faster), as DAPO drops only what gives no
+    gradient.
     """
     x = _f64(scores)
     lo, hi = {}, {}
     for g, xi in zip(group_ids, x):
         lo[g], hi[g] = min(lo.get(g, xi), xi), max(hi.get(g, xi), xi)
-    return np.array([lo[g] == hi[g] for g in group_ids], dtype=bool)
+    speaks = set() if adv is None else {g for g, a in zip(group_ids, np.abs(_f64(adv))) if a > 1e-9}
+    return np.array([lo[g] == hi[g] and g not in speaks for g in group_ids], dtype=bool)
 
 
 def overlong_rewards(rewards, response_lengths, ended, max_tokens, penalty):

@@ -12,6 +12,7 @@ main() runs these numbered sections once per iteration:
                   sample: prompt ids, sampled response ids and their log-probs, reward (rollout.py)
   2. advantages   one per sample: GiGPO, GRPO, RLOO, REINFORCE++, or PPO's GAE on its critic's values
                   (gigpo.py); --dynamic_sampling 1 (DAPO) then drops the groups whose scores all tie
+                  (under GiGPO only those whose every advantage is 0: A^S can still rank a tied group's steps)
   3. update       old log-probs recomputed by this model, then the PPO-style clipped step, token-mean
                   loss, optional KL to a frozen reference (ppo.py); a non-finite update stops the run
   4. push weights the new weights into the generation engine (rollout.sync_weights)
@@ -97,7 +98,7 @@ class Config:
     clip_high: float = 0.0         # upper side 1 + clip_high; 0 = --clip (DAPO's clip-higher: 0.28; GSPO: 4e-4)
     loss: str = "ppo"              # ppo (token ratio) | gspo (one ratio per sequence; pass GSPO's --clip/--clip_high)
     dual_clip: float = 3.0         # dual-clip c for negative advantages; 0 = off; --loss ppo only (paper: 3)
-    dynamic_sampling: bool = False # DAPO: drop episode groups whose scores all tie before the update, no refill
+    dynamic_sampling: bool = False # DAPO: drop episode groups whose scores all tie (GiGPO: and A = 0), no refill
     overlong_penalty: float = 0.0  # DAPO: reward minus this where a reply is cut at --max_response_tokens; 0 = off
                                    # (DAPO: a soft ramp to 1 over the last 4096 tokens before its 20480 cap)
     kl_coef: float = 0.0           # k3 KL to the frozen initial model; 0 = no reference (paper: 0.01)
@@ -358,7 +359,8 @@ def drop_dead_workers(samples, episodes):
 def advantages(cfg, samples, it, rank, values=None, eos=None):
     """-> (one advantage per sample; (N, 2) the critic's old value and lambda-return target per sample,
     zeros without one; the indices of the samples to train on: all, or under --dynamic_sampling 1 all
-    but the groups whose scores tie; gigpo.advantage_stats of the groups + dropped_groups, for the log).
+    but the groups whose scores tie (under GiGPO: and whose advantages are all 0 too);
+    gigpo.advantage_stats of the groups + dropped_groups, for the log).
     --overlong_penalty (DAPO) comes off the cut replies' rewards first. BATCH_ALGOS (ppo, reinforce_pp)
     normalise over the whole batch: under torchrun, every rank's samples. NaN/inf rewards stop the run
     here, in one line (the last checkpoint stays)."""
@@ -387,7 +389,8 @@ def advantages(cfg, samples, it, rank, values=None, eos=None):
     # diagnostics: compute_advantages keeps its intermediates private (a pure one-call API)
     step_groups = gigpo.step_groups(anchors, groups, cfg.similarity or None)
     scores = gigpo.episode_scores(rewards, trajs, valid, cfg.penalty)
-    tied = gigpo.tied_groups(scores, groups) if cfg.dynamic_sampling else np.zeros(len(samples), dtype=bool)
+    tied = (gigpo.tied_groups(scores, groups, adv if cfg.algo == "gigpo" else None) if cfg.dynamic_sampling
+            else np.zeros(len(samples), dtype=bool))
     stats = gigpo.advantage_stats(scores, groups, step_groups)
     stats["dropped_groups"] = int(all_reduce(len({g for g, t in zip(groups, tied) if t})))
     return adv, targets, np.flatnonzero(~tied), stats

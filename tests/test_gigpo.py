@@ -289,6 +289,9 @@ def test_tied_groups():
     # group 0 all 1 (tied), group 1 = 0, 1 (kept), group 2 one sample (tied), group 3 = 3, 3 (tied)
     out = G.tied_groups([1, 1, 1, 0, 1, 2, 3, 3], [0, 0, 0, 1, 1, 2, 3, 3])
     assert out.tolist() == [True, True, True, False, False, True, True, True]
+    # GiGPO's advantages: group 3 ties but its A^S ranks its two steps (kept); group 0's 1e-12 is rounding
+    out = G.tied_groups([1, 1, 1, 0, 1, 2, 3, 3], [0, 0, 0, 1, 1, 2, 3, 3], adv=[0, 0, 1e-12, .5, -.5, 0, .2, -.2])
+    assert out.tolist() == [True, True, True, False, False, True, False, False]
     # the same groups advantage_stats counts: 3 of 4 tied
     assert G.advantage_stats([1, 1, 1, 0, 1, 2, 3, 3], [0, 0, 0, 1, 1, 2, 3, 3], range(8))[
         "zero_var_group_frac"] == 3 / 4

@@ -486,10 +486,11 @@ def test_every_estimator_and_loss_trains(tmp_path, args):
     assert row["optimizer_steps"] >= 1 and row["dropped_groups"] == 0 and row["adv_abs"] > 0
 
 
-def test_dynamic_sampling_trains_on_the_groups_whose_scores_differ(tmp_path, monkeypatch):
+@pytest.mark.parametrize("algo", ["grpo", "gigpo"])
+def test_dynamic_sampling_trains_on_the_groups_whose_scores_differ(tmp_path, monkeypatch, algo):
     """--dynamic_sampling 1 (DAPO): the update sees exactly the samples of the groups whose episode
-    scores differ, dropped_groups counts the others; when every group ties nothing trains (the weights
-    stay the initial ones) and the run goes on."""
+    scores differ (GiGPO: or whose advantages are not all 0), dropped_groups counts the others; when
+    every group ties nothing trains (the weights stay the initial ones) and the run goes on."""
     import numpy as np
     import gigpo
     import train
@@ -499,11 +500,11 @@ def test_dynamic_sampling_trains_on_the_groups_whose_scores_differ(tmp_path, mon
         out = real_adv(cfg, samples, *a, **k)
         scores = gigpo.episode_scores([s.reward for s in samples], [s.traj for s in samples],
                                       [s.valid for s in samples], cfg.penalty)
-        by_group = {}
+        by_group, speaks = {}, {s.group for s, a in zip(samples, out[0]) if algo == "gigpo" and abs(a) > 1e-9}
         for s, x in zip(samples, scores):
             by_group.setdefault(s.group, set()).add(x)
-        seen.append({"kept": {s.traj for s in samples if len(by_group[s.group]) > 1},
-                     "tied": sum(len(v) == 1 for v in by_group.values())})
+        seen.append({"kept": {s.traj for s in samples if len(by_group[s.group]) > 1 or s.group in speaks},
+                     "tied": sum(len(v) == 1 and g not in speaks for g, v in by_group.items())})
         return out
 
     def update(model, opt, sched, samples, *a, **k):
@@ -511,13 +512,13 @@ def test_dynamic_sampling_trains_on_the_groups_whose_scores_differ(tmp_path, mon
         return real_update(model, opt, sched, samples, *a, **k)
     monkeypatch.setattr(train, "advantages", advantages)
     monkeypatch.setattr(train, "update", update)
-    args = [*SMALL_RUN, "--n_groups", "8", "--algo", "grpo", "--dynamic_sampling", "1", "--env_args",
+    args = [*SMALL_RUN, "--n_groups", "8", "--algo", algo, "--dynamic_sampling", "1", "--env_args",
             "progress=0,max_steps=2", "--iterations", "3"]
     train.main([*args, "--out_dir", str(tmp_path / "some")])
     rows = [json.loads(line) for line in open(tmp_path / "some" / "metrics.jsonl")]
     assert [r["dropped_groups"] for r in rows] == [x["tied"] for x in seen]
     assert all(x["trained"] == x["kept"] for x in seen) and sum(x["tied"] for x in seen) > 0
-    monkeypatch.setattr(gigpo, "tied_groups", lambda scores, groups: np.ones(len(scores), dtype=bool))
+    monkeypatch.setattr(gigpo, "tied_groups", lambda scores, *a: np.ones(len(scores), dtype=bool))
     train.main([*args, "--iterations", "1", "--out_dir", str(tmp_path / "none")])
     row = json.loads(open(tmp_path / "none" / "metrics.jsonl").readline())
     assert row["dropped_groups"] == 8 and row["samples"] > 0 and row["logp_gap"] == 0
