@@ -64,12 +64,12 @@ def open_metrics_log(cfg, kept, start):
     return open(path, "a" if start else "w")
 
 
-def advantage_parts(samples, cfg):
+def advantage_parts(samples, cfg, rewards):
     """-> {step_return, adv_episode, adv_step, step_group, step_group_size}, one value per sample,
-    from gigpo's own functions (compute_advantages keeps its intermediates private). Pass whole
-    episode groups: every part is computed within an episode group."""
-    rewards, trajs, groups, anchors, valid = (
-        [getattr(s, f) for s in samples] for f in ("reward", "traj", "group", "anchor", "valid"))
+    from gigpo's own functions (compute_advantages keeps its intermediates private), on the rewards
+    the update saw (train.shaped_rewards). Pass whole episode groups: every part is computed within
+    an episode group."""
+    trajs, groups, anchors, valid = ([getattr(s, f) for s in samples] for f in ("traj", "group", "anchor", "valid"))
     scores = gigpo.episode_scores(rewards, trajs, valid, cfg.penalty)
     rets = gigpo.step_returns(rewards, trajs, valid, cfg.gamma, cfg.penalty)
     sg = gigpo.step_groups(anchors, groups, cfg.similarity or None)

@@ -356,6 +356,16 @@ def drop_dead_workers(samples, episodes):
     return [s for s in samples if s.traj not in dead], [e for e in episodes if not e.get("worker_died")], len(dead)
 
 
+def shaped_rewards(cfg, samples, eos):
+    """The rewards the advantages see: the env's, minus --overlong_penalty (DAPO) on replies cut at
+    --max_response_tokens."""
+    rewards = [s.reward for s in samples]
+    if cfg.overlong_penalty:
+        rewards = gigpo.overlong_rewards(rewards, [len(s.response_ids) for s in samples], [
+            s.response_ids[-1:] == [eos] for s in samples], cfg.max_response_tokens, cfg.overlong_penalty)
+    return rewards
+
+
 def advantages(cfg, samples, it, rank, values=None, eos=None):
     """-> (one advantage per sample; (N, 2) the critic's old value and lambda-return target per sample,
     zeros without one; the indices of the samples to train on: all, or under --dynamic_sampling 1 all
@@ -364,11 +374,8 @@ def advantages(cfg, samples, it, rank, values=None, eos=None):
     --overlong_penalty (DAPO) comes off the cut replies' rewards first. BATCH_ALGOS (ppo, reinforce_pp)
     normalise over the whole batch: under torchrun, every rank's samples. NaN/inf rewards stop the run
     here, in one line (the last checkpoint stays)."""
-    rewards, trajs, groups, anchors, valid = (
-        [getattr(s, f) for s in samples] for f in ("reward", "traj", "group", "anchor", "valid"))
-    if cfg.overlong_penalty:
-        rewards = gigpo.overlong_rewards(rewards, [len(s.response_ids) for s in samples], [
-            s.response_ids[-1:] == [eos] for s in samples], cfg.max_response_tokens, cfg.overlong_penalty)
+    trajs, groups, anchors, valid = ([getattr(s, f) for s in samples] for f in ("traj", "group", "anchor", "valid"))
+    rewards = shaped_rewards(cfg, samples, eos)
     cols, lo = [rewards, trajs, groups, anchors, valid, values], 0
     if cfg.algo in gigpo.BATCH_ALGOS and dist_on():   # every rank's samples, their ids tagged by rank
         parts = all_gather([list(rewards), [(rank, t) for t in trajs], [(rank, g) for g in groups], anchors,
@@ -402,7 +409,8 @@ def record_groups(cfg, samples, adv, tok, it):
     keep = set(sorted({s.group for s in samples})[:cfg.log_groups])
     ks = [k for k, s in enumerate(samples) if s.group in keep]
     sub = [samples[k] for k in ks]
-    return records.episodes(sub, tok, it, "train", adv[ks], records.advantage_parts(sub, cfg))
+    parts = records.advantage_parts(sub, cfg, shaped_rewards(cfg, sub, tok.eos_token_id))
+    return records.episodes(sub, tok, it, "train", adv[ks], parts)
 
 
 def stop_if_not_finite(model, critic, upd, it, cfg, saved):

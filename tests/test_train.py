@@ -486,6 +486,20 @@ def test_every_estimator_and_loss_trains(tmp_path, args):
     assert row["optimizer_steps"] >= 1 and row["dropped_groups"] == 0 and row["adv_abs"] > 0
 
 
+def test_logged_parts_are_those_the_update_saw(tmp_path):
+    """--overlong_penalty shapes the rewards before the advantages: the logged parts of each step
+    (episodes.jsonl) come from the same rewards, so A = A^E + A^S still holds there."""
+    import train
+    train.main([*SMALL_RUN, "--overlong_penalty", "0.5", "--log_groups", "2", "--iterations", "1",
+                "--out_dir", str(tmp_path)])
+    steps = [s for line in open(tmp_path / "episodes.jsonl") for s in json.loads(line)["steps"]
+             if json.loads(line)["split"] == "train"]
+    assert steps and all(s["adv"] == pytest.approx(s["adv_episode"] + s["adv_step"]) for s in steps)
+    last = [json.loads(line)["steps"][-1] for line in open(tmp_path / "episodes.jsonl")
+            if json.loads(line)["split"] == "train"]   # 1-token replies never end on EOS: every one is cut
+    assert all(s["step_return"] == pytest.approx(s["reward"] - 0.5 - 0.1 * (not s["valid"])) for s in last)
+
+
 @pytest.mark.parametrize("algo", ["grpo", "gigpo"])
 def test_dynamic_sampling_trains_on_the_groups_whose_scores_differ(tmp_path, monkeypatch, algo):
     """--dynamic_sampling 1 (DAPO): the update sees exactly the samples of the groups whose episode
