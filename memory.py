@@ -45,8 +45,8 @@ class FullHistory(WindowMemory):
 
 class VisitedMemory(NoMemory):
     """Structured memory, the teaching example: the
-    distinct positions visited so far, oldest first, at most k of the most recent, plus the last
-    action. It parses "at (r, c)" out of the observation, so it is specific to grid games."""
+    distinct positions visited so far, in the order of their last visit, at most the k most recent,
+    plus the last action. It parses "at (r, c)" out of the observation, so it is specific to grid games."""
 
     POS = re.compile(r"at \((\d+), (\d+)\)")
 
@@ -58,8 +58,8 @@ class VisitedMemory(NoMemory):
         visited = []
         for obs, _, _ in self.steps:
             m = self.POS.search(obs)
-            if m and m.groups() not in visited:
-                visited.append(m.groups())
+            if m:   # a revisited cell moves to the end: the cut below keeps the k most recent
+                visited = [v for v in visited if v != m.groups()] + [m.groups()]
         if not self.steps:
             return ""
         cells = " ".join(f"({r}, {c})" for r, c in visited[-self.k:])

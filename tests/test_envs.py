@@ -176,7 +176,12 @@ def test_memories():
     assert mems["none"].text() == ""
     assert mems["window"].text() == "[at (1, 0) treasure (2, 2) -> up] [at (0, 0) treasure (2, 2) -> right]"
     assert mems["full"].text().count("->") == 3
-    assert mems["visited"].text() == "visited (0, 0) (1, 0) last right"
+    assert mems["visited"].text() == "visited (1, 0) (0, 0) last right"      # by last visit
+    short = make_memory("visited", 1)
+    short.reset("t")
+    for obs, a in steps:
+        short.add(obs, a, 0.0)
+    assert short.text() == "visited (0, 0) last right"     # the cell visited last, though first seen first
     assert make_memory("window", 1).text() == ""
     w = make_memory("window", 1)
     w.reset("t")
