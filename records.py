@@ -170,17 +170,22 @@ class Timer(dict):
 
 def training_metrics(samples, trained, episodes, n_dead, adv, old):
     """The iteration's training numbers (README, "Metrics"). Summed over all ranks, then divided:
-    episodes won, their returns and lengths, episodes, step samples (collected), valid ones, |rollout -
-    training log-prob| over the trained response tokens (old: the training model's; DAPO's dynamic
-    sampling may leave none) and their count, episodes lost to dead workers. The token means (of the
-    collected samples) and adv_abs (of the trained ones) are this rank's."""
+    episodes won, their returns and lengths, episodes, episode groups and those that won every
+    episode, step samples (collected), valid ones, |rollout - training log-prob| over the trained
+    response tokens (old: the training model's; DAPO's dynamic sampling may leave none) and their
+    count, episodes lost to dead workers. The token means (of the collected samples) and adv_abs (of
+    the trained ones) are this rank's."""
     gap = torch.cat([torch.zeros(0)] + [(o - torch.tensor(s.logprobs)).abs() for o, s in zip(old, trained)])
+    lost = {e["group"] for e in episodes if not e["won"]}
+    groups = {e["group"] for e in episodes}
     sums = {"won": sum(e["won"] for e in episodes), "return": sum(e["return"] for e in episodes),
+            "groups": len(groups), "won_groups": len(groups - lost),
             "length": sum(e["length"] for e in episodes), "episodes": len(episodes), "samples": len(samples),
             "valid": sum(s.valid for s in samples), "gap": float(gap.sum()), "gap_tokens": len(gap),
             "worker_died": n_dead}
     tot = dict(zip(sums, all_reduce(torch.tensor(list(sums.values()), dtype=torch.float64)).tolist()))
     return {"success": tot["won"] / tot["episodes"], "reward": tot["return"] / tot["episodes"],
+            "won_group_frac": tot["won_groups"] / tot["groups"],
             "valid_ratio": tot["valid"] / tot["samples"], "episode_length": tot["length"] / tot["episodes"],
             "samples": tot["samples"], "worker_died": tot["worker_died"],
             "prompt_tokens": float(np.mean([len(s.prompt_ids) for s in samples])),

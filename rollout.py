@@ -280,7 +280,8 @@ def rollout(envs, engine, tokenizer, prompt, memories, group_seeds, temperature,
     timing["env"] += time.perf_counter() - t0
     for mem, info in zip(memories, infos):
         mem.reset(info["task"])
-    episodes = [{"won": False, "return": 0.0, "length": 0, "invalid": 0} for _ in obs]
+    episodes = [{"won": False, "return": 0.0, "length": 0, "invalid": 0, "group": envs.group_of(i)}
+                for i in range(len(obs))]
     samples, active, step = [], list(range(len(obs))), 0
     bar = tqdm(desc=desc, unit="step", leave=False, disable=desc is None)
     while active and step < max_turns:

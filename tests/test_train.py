@@ -127,7 +127,7 @@ def test_two_iterations_end_to_end(tmp_path):
     rows = [json.loads(l) for l in open(out / "metrics.jsonl")]
     assert [m["iteration"] for m in rows] == [1, 2]
     for key in ("success", "reward", "valid_ratio", "episode_length", "prompt_tokens",
-                "response_tokens", "zero_var_group_frac", "step_group_size_hist", "kl_ref",
+                "response_tokens", "zero_var_group_frac", "won_group_frac", "step_group_size_hist", "kl_ref",
                 "entropy", "logp_gap", "time_gen", "time_env", "time_update", "time_sync",
                 "samples_per_s", "eval_success"):
         assert key in rows[-1], key
@@ -224,6 +224,17 @@ def test_eval_leaves_out_games_a_dead_worker_cut_short(tmp_path, monkeypatch):
                                                           "games": {"seen": [0, 1, 0]}}))
     assert evaluate.compare(str(tmp_path / "a"), str(tmp_path / "b")).splitlines()[3] == (
         "| seen | 2 | 0.500 | 0.000 | 1 | 0 | 1.000 |")
+
+
+def test_won_group_frac_counts_groups_that_won_every_episode():
+    from types import SimpleNamespace
+    import numpy as np
+    import records
+    eps = [{"won": w, "group": g, "return": float(w), "length": 3} for g, w in
+           [(0, True), (0, True), (1, True), (1, False), (2, False), (2, False)]]
+    sample = SimpleNamespace(valid=True, prompt_ids=[1, 2], response_ids=[3])
+    m = records.training_metrics([sample], [], eps, 0, np.zeros(0), [])
+    assert m["won_group_frac"] == pytest.approx(1 / 3) and m["success"] == pytest.approx(0.5)
 
 
 def test_an_iteration_all_cut_short_stops_in_one_line(tmp_path, monkeypatch):
