@@ -173,16 +173,16 @@ def compare(path_a, path_b):
     for name in a["games"]:
         if name not in b["games"]:
             continue
-        subsets = {name: range(len(a["games"][name]))}
+        if len(a["games"][name]) != len(b["games"][name]):
+            raise ValueError(f"{name}: the evals played {len(a['games'][name])} and {len(b['games'][name])} games: "
+                             "not the same set")
+        subsets = {name: range(len(a["games"][name]))}   # a game either eval has no result for is left out
         kinds = a.get("types", {}).get(name)
         if kinds and kinds == b.get("types", {}).get(name):   # then a row per task type as well
             subsets |= {f"{name}/{t}": [i for i, k in enumerate(kinds) if k == t] for t in sorted(set(kinds))}
         for label, idx in subsets.items():
-            if len(a["games"][name]) != len(b["games"][name]):
-                raise ValueError(f"{name}: the evals played {len(a['games'][name])} and {len(b['games'][name])} "
-                                 "games: not the same set")
-            both = [(a["games"][name][i], b["games"][name][i]) for i in idx]   # the games with a result in both
-            ga, gb = zip(*[(x, y) for x, y in both if x is not None and y is not None]) or ((), ())
+            both = [i for i in idx if a["games"][name][i] is not None and b["games"][name][i] is not None]
+            ga, gb = [a["games"][name][i] for i in both], [b["games"][name][i] for i in both]
             only_a, only_b, p = paired(ga, gb)
             rows.append(f"| {label} | {len(ga)} | {known_mean(ga):.3f} | {known_mean(gb):.3f} | "
                         f"{only_a} | {only_b} | {p:.3f} |")

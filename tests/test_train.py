@@ -224,6 +224,9 @@ def test_eval_leaves_out_games_a_dead_worker_cut_short(tmp_path, monkeypatch):
                                                           "games": {"seen": [0, 1, 0]}}))
     assert evaluate.compare(str(tmp_path / "a"), str(tmp_path / "b")).splitlines()[3] == (
         "| seen | 2 | 0.500 | 0.000 | 1 | 0 | 1.000 |")
+    (tmp_path / "b" / "eval.json").write_text(json.dumps({"iteration": 2, "rates": {}, "games": {"seen": [None] * 3}}))
+    assert evaluate.compare(str(tmp_path / "a"), str(tmp_path / "b")).splitlines()[3] == (
+        "| seen | 0 | nan | nan | 0 | 0 | 1.000 |")      # no game with a result in both: a row, not a crash
 
 
 def test_won_group_frac_counts_groups_that_won_every_episode():
