@@ -315,10 +315,12 @@ def overlong_rewards(rewards, response_lengths, ended, max_tokens, penalty):
 # --------------------------------------------------------------------------- the one call
 def compute_advantages(rewards, traj_ids, group_ids, anchors, valid, *, algo="gigpo",
                        gamma=0.95, omega=1.0, penalty=0.1, norm="mean_std_norm",
-                       stats="step", similarity=None, values=None, gae_lambda=0.95):
+                       stats="step", similarity=None, values=None, gae_lambda=0.95, tied_step=True):
     """One advantage per sample.
 
-      gigpo:        A = A^E + omega * A^S   (Sec. 4.2, combined advantage)
+      gigpo:        A = A^E + omega * A^S   (Sec. 4.2, combined advantage); tied_step=False, an
+                    ablation: A^S = 0 in episode groups whose scores all tie (all won, all lost),
+                    so A^S acts only where A^E does too
       grpo:         A = A^E                 (= gigpo with omega = 0)
       rloo:         A = leave-one-out on the episode scores
       ppo:          A = batch_whiten(gae_advantage(values) - penalty * (1 - v))   (a learned critic)
@@ -365,7 +367,8 @@ def compute_advantages(rewards, traj_ids, group_ids, anchors, valid, *, algo="gi
     adv = episode_advantage(scores, group_ids, traj_ids, norm=norm, stats=stats)
     if algo == "gigpo" and omega != 0:
         rets = step_returns(r, traj_ids, valid, gamma, penalty)
-        adv = adv + omega * step_advantage(rets, step_groups(anchors, group_ids, similarity), norm)
+        a_s = step_advantage(rets, step_groups(anchors, group_ids, similarity), norm)
+        adv = adv + omega * (a_s if tied_step else np.where(tied_groups(scores, group_ids), 0.0, a_s))
     return adv
 
 

@@ -78,6 +78,8 @@ def advantage_parts(samples, cfg, rewards):
     else:
         ae = gigpo.episode_advantage(scores, groups, trajs, norm=cfg.norm, stats=cfg.stats)
     a_s = gigpo.step_advantage(rets, sg, cfg.norm) if cfg.algo == "gigpo" else np.zeros(len(samples))
+    if not cfg.tied_step:   # the ablation: no A^S in a group whose scores all tie
+        a_s = np.where(gigpo.tied_groups(scores, groups), 0.0, a_s)
     size = {g: n for g, n in zip(*np.unique(np.asarray(sg), return_counts=True))}
     return {"step_return": rets, "adv_episode": ae, "adv_step": a_s, "step_group": sg,
             "step_group_size": [size[g] for g in sg]}

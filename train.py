@@ -84,6 +84,7 @@ class Config:
     vf_coef: float = 0.5           # --algo ppo: weight of the value loss in the shared loss (PPO paper c1: 1, Atari)
     vf_clip: float = 0.5           # --algo ppo: value clip, V within V_old +- this, reward units; 0 = off (verl: 0.5)
     omega: float = 1.0             # weight of the step-level advantage (paper: 1.0)
+    tied_step: bool = True         # A^S also in episode groups whose scores all tie (paper); 0 = ablation: not there
     penalty: float = 0.1           # invalid-action penalty lambda (paper: 0.1)
     norm: str = "mean_norm"        # mean_norm (paper "w/o std") | mean_std_norm ("w/ std"; plateaus here, LOG.md)
     stats: str = "step"            # episode-group statistics over step samples (reference) | traj (paper text)
@@ -386,7 +387,8 @@ def advantages(cfg, samples, it, rank, values=None, eos=None):
     try:
         adv = gigpo.compute_advantages(
             *cols[:5], algo=cfg.algo, gamma=cfg.gamma, omega=cfg.omega, penalty=cfg.penalty, norm=cfg.norm,
-            stats=cfg.stats, similarity=cfg.similarity or None, values=cols[5], gae_lambda=cfg.gae_lambda)
+            stats=cfg.stats, similarity=cfg.similarity or None, values=cols[5], gae_lambda=cfg.gae_lambda,
+            tied_step=cfg.tied_step)
     except ValueError as e:
         sys.exit(f"error: iteration {it}: {e}")
     adv = adv[lo:lo + len(samples)]

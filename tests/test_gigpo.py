@@ -182,6 +182,18 @@ def test_compute_advantages_gigpo_by_hand():
     assert out.shape == (5,)
 
 
+def test_compute_advantages_tied_step_ablation():
+    # the example's group (scores differ) keeps its A^S; a second group where both walks win, one in
+    # 1 step (return 1) and one in 2 (returns .5, 1) from the shared start t0, ties at score 1:
+    # A^E = 0 there, A^S on t0 = (1 - .75) / std(1, .5) = +-.707107, zeroed by tied_step=False
+    ex = {k: v + extra for (k, v), extra in zip(EX.items(), ([1, 0, 1], [2, 3, 3], [8] * 3, ["t0", "t0", "t1"],
+                                                               [1, 1, 1]))}
+    full = G.compute_advantages(**ex, **EX_KW)
+    close(full, [a + s for a, s in zip(AE, AS)] + [1 / SQ2, -1 / SQ2, 0.0])
+    ablated = G.compute_advantages(**ex, **EX_KW, tied_step=False)
+    close(ablated, [a + s for a, s in zip(AE, AS)] + [0.0, 0.0, 0.0])
+
+
 def test_compute_advantages_grpo_is_gigpo_omega_zero():
     grpo = G.compute_advantages(**EX, **EX_KW, algo="grpo")
     close(grpo, AE)

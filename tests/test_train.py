@@ -500,12 +500,14 @@ def test_every_estimator_and_loss_trains(tmp_path, args):
     assert row["optimizer_steps"] >= 1 and row["dropped_groups"] == 0 and row["adv_abs"] > 0
 
 
-def test_logged_parts_are_those_the_update_saw(tmp_path):
+@pytest.mark.parametrize("tied_step", ["1", "0"])
+def test_logged_parts_are_those_the_update_saw(tmp_path, tied_step):
     """--overlong_penalty shapes the rewards before the advantages: the logged parts of each step
-    (episodes.jsonl) come from the same rewards, so A = A^E + A^S still holds there."""
+    (episodes.jsonl) come from the same rewards, so A = A^E + A^S still holds there (also under the
+    --tied_step 0 ablation)."""
     import train
     train.main([*SMALL_RUN, "--overlong_penalty", "0.5", "--log_groups", "2", "--iterations", "1",
-                "--out_dir", str(tmp_path)])
+                "--tied_step", tied_step, "--out_dir", str(tmp_path)])
     steps = [s for line in open(tmp_path / "episodes.jsonl") for s in json.loads(line)["steps"]
              if json.loads(line)["split"] == "train"]
     assert steps and all(s["adv"] == pytest.approx(s["adv_episode"] + s["adv_step"]) for s in steps)
