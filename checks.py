@@ -51,6 +51,8 @@ def check_config(cfg):
     if cfg.group_size < 2 and (cfg.algo not in gigpo.BATCH_ALGOS or cfg.dynamic_sampling):
         bad(f"--group_size {cfg.group_size}: {'--dynamic_sampling 1' if cfg.dynamic_sampling else cfg.algo} "
             f"compares the envs of a group, use >= 2")
+    if not cfg.tied_step and cfg.algo != "gigpo":
+        bad(f"--tied_step 0 removes part of GiGPO's step advantage; --algo {cfg.algo} has none: use --algo gigpo")
     if cfg.n_groups < 1 or cfg.iterations < 1 or cfg.max_response_tokens < 1:
         bad("--n_groups, --iterations and --max_response_tokens must be >= 1")
     if cfg.mini_batch < 1 or cfg.micro_batch_tokens < 1:

@@ -71,6 +71,7 @@ def test_bad_input_is_one_line_before_work(args, words):
     (["--overlong_penalty", "-1"], "--overlong_penalty"),
     (["--loss", "gspo", "--tis_cap", "2"], "--tis_cap"),
     (["--group_size", "1", "--algo", "ppo", "--dynamic_sampling", "1"], "--group_size"),
+    (["--tied_step", "0", "--algo", "grpo"], "--tied_step"),
 ])
 def test_bad_values_are_one_line_that_names_the_flag(args, words, tmp_path):
     """Values that used to pass check_config and then fail mid-run (a traceback after up to 26 s),
