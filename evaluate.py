@@ -28,7 +28,8 @@ HELD_OUT = 10**9   # held-out seeds: HELD_OUT + [0, eval_episodes); training see
 
 def eval_plan(cfg):
     """The eval sets {name: (env kwargs, seeds)}. An env module with eval_sets(n) names its own
-    (ALFWorld: valid_seen and valid_unseen, whole splits in order; eval_episodes caps each;
+    (ALFWorld: valid_seen and valid_unseen, whole splits in order; eval_episodes caps each, games
+    spread over the split;
     --eval_sets picks some; it gets the --env_args it names, e.g. data_dir); any other env: the
     held-out seeds 10**9 + [0, eval_episodes)."""
     sets_fn = getattr(env_module(cfg.env), "eval_sets", None)   # the optional hook (envs/__init__.py)
