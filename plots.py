@@ -17,7 +17,7 @@ import os
 import sys
 
 PANELS = [  # (title, metric keys)
-    ("success", ["success", "eval_success"]), ("valid ratio", ["valid_ratio"]), ("entropy", ["entropy"]),
+    ("success", ["success", "eval_success", "won_group_frac"]), ("valid ratio", ["valid_ratio"]), ("entropy", ["entropy"]),
     ("KL to reference", ["kl_ref"]), ("seconds per phase", ["time_gen", "time_env", "time_update", "time_sync"]),
     ("prompt tokens", ["prompt_tokens"]),
 ]
