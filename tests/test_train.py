@@ -518,10 +518,25 @@ def test_logged_parts_are_those_the_update_saw(tmp_path, tied_step):
 
 
 @pytest.mark.parametrize("algo", ["grpo", "gigpo"])
-def test_dynamic_sampling_trains_on_the_groups_whose_scores_differ(tmp_path, monkeypatch, algo):
+def test_dynamic_sampling_keeps_an_all_won_group_only_for_gigpo(algo):
+    """Group 0: both walks win, in 1 and in 2 steps from the shared start s0, so the scores tie (A^E =
+    0) but A^S ranks the two visits of s0; group 1: both lose. --dynamic_sampling 1 drops group 1
+    always, group 0 only where its advantages are all 0 (GRPO)."""
+    import train
+    from rollout import Sample
+    walks = [(0, 0, [("s0", 1.0)]), (0, 1, [("s0", 0.0), ("s1", 1.0)]), (1, 2, [("t0", 0.0)]), (1, 3, [("t0", 0.0)])]
+    samples = [Sample([1], [2], [0.0], r, k == len(w) - 1, True, g, t, a, k)
+               for g, t, w in walks for k, (a, r) in enumerate(w)]
+    cfg = train.Config(algo=algo, dynamic_sampling=True)
+    adv, _, keep, stats = train.advantages(cfg, samples, 1, 0)
+    assert keep.tolist() == ([0, 1, 2] if algo == "gigpo" else [])
+    assert stats["dropped_groups"] == (1 if algo == "gigpo" else 2)
+
+
+def test_dynamic_sampling_trains_on_the_groups_whose_scores_differ(tmp_path, monkeypatch):
     """--dynamic_sampling 1 (DAPO): the update sees exactly the samples of the groups whose episode
-    scores differ (GiGPO: or whose advantages are not all 0), dropped_groups counts the others; when
-    every group ties nothing trains (the weights stay the initial ones) and the run goes on."""
+    scores differ, dropped_groups counts the others; when every group ties nothing trains (the weights
+    stay the initial ones) and the run goes on."""
     import numpy as np
     import gigpo
     import train
@@ -531,11 +546,11 @@ def test_dynamic_sampling_trains_on_the_groups_whose_scores_differ(tmp_path, mon
         out = real_adv(cfg, samples, *a, **k)
         scores = gigpo.episode_scores([s.reward for s in samples], [s.traj for s in samples],
                                       [s.valid for s in samples], cfg.penalty)
-        by_group, speaks = {}, {s.group for s, a in zip(samples, out[0]) if algo == "gigpo" and abs(a) > 1e-9}
+        by_group = {}
         for s, x in zip(samples, scores):
             by_group.setdefault(s.group, set()).add(x)
-        seen.append({"kept": {s.traj for s in samples if len(by_group[s.group]) > 1 or s.group in speaks},
-                     "tied": sum(len(v) == 1 and g not in speaks for g, v in by_group.items())})
+        seen.append({"kept": {s.traj for s in samples if len(by_group[s.group]) > 1},
+                     "tied": sum(len(v) == 1 for v in by_group.values())})
         return out
 
     def update(model, opt, sched, samples, *a, **k):
@@ -543,7 +558,7 @@ def test_dynamic_sampling_trains_on_the_groups_whose_scores_differ(tmp_path, mon
         return real_update(model, opt, sched, samples, *a, **k)
     monkeypatch.setattr(train, "advantages", advantages)
     monkeypatch.setattr(train, "update", update)
-    args = [*SMALL_RUN, "--n_groups", "8", "--algo", algo, "--dynamic_sampling", "1", "--env_args",
+    args = [*SMALL_RUN, "--n_groups", "8", "--algo", "grpo", "--dynamic_sampling", "1", "--env_args",
             "progress=0,max_steps=2", "--iterations", "3"]
     train.main([*args, "--out_dir", str(tmp_path / "some")])
     rows = [json.loads(line) for line in open(tmp_path / "some" / "metrics.jsonl")]
