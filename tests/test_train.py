@@ -522,6 +522,7 @@ def test_dynamic_sampling_keeps_an_all_won_group_only_for_gigpo(algo):
     """Group 0: both walks win, in 1 and in 2 steps from the shared start s0, so the scores tie (A^E =
     0) but A^S ranks the two visits of s0; group 1: both lose. --dynamic_sampling 1 drops group 1
     always, group 0 only where its advantages are all 0 (GRPO)."""
+    import numpy as np
     import train
     from rollout import Sample
     walks = [(0, 0, [("s0", 1.0)]), (0, 1, [("s0", 0.0), ("s1", 1.0)]), (1, 2, [("t0", 0.0)]), (1, 3, [("t0", 0.0)])]
@@ -531,6 +532,13 @@ def test_dynamic_sampling_keeps_an_all_won_group_only_for_gigpo(algo):
     adv, _, keep, stats = train.advantages(cfg, samples, 1, 0)
     assert keep.tolist() == ([0, 1, 2] if algo == "gigpo" else [])
     assert stats["dropped_groups"] == (1 if algo == "gigpo" else 2)
+    import records
+    for tied_step in (True, False):   # the logged parts add up to the trained advantage, ablation or not
+        cfg = train.Config(algo=algo, tied_step=tied_step)
+        adv = train.advantages(cfg, samples, 1, 0)[0]
+        parts = records.advantage_parts(samples, cfg, [s.reward for s in samples])
+        np.testing.assert_allclose(adv, parts["adv_episode"] + parts["adv_step"], atol=1e-9)
+        assert (np.abs(adv[:3]).max() > 0) == (algo == "gigpo" and tied_step)   # group 0: A^S (+-0.025) or nothing
 
 
 def test_dynamic_sampling_trains_on_the_groups_whose_scores_differ(tmp_path, monkeypatch):
