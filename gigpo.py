@@ -24,9 +24,11 @@ Choices and departures from the paper's text:
   * An episode group with one member uses mean 0 and std 1 (A^E = score, or
     score/(1+eps)), as the reference code does; the paper does not say.
   * A step group with one member gets A^S = 0 (nothing to compare against).
-  * mean_std_norm: a group whose members all tie (std <= eps) gets 0, also
-    with stats="traj" where its samples still differ by the invalid-action
-    penalty (dividing that by eps gave advantages of 5e4).
+  * mean_std_norm: a group whose members all tie (std <= eps) gets 0.
+  * stats="traj": a trajectory's value is R(tau), the largest of its samples'
+    scores (the penalty only lowers invalid samples'); with the mean of its
+    samples instead, two lost walks of 49 and 50 steps with one invalid action
+    each nearly tie (std 3e-5) and their samples got advantages of -3281.
   * An invalid action costs `penalty` on that sample's score / step return
     only; the penalty is not discounted back to earlier steps.
 """
@@ -167,24 +169,24 @@ def group_stats_normalize(values, group_ids, norm, unit_ids=None, eps=1e-6):
     values, group_ids: (N,). mean_g / std_g are over the members of group g:
       * unit_ids None: each sample is a member;
       * unit_ids given (e.g. traj_ids): each unit counts once with value = the
-        mean of its samples' values; sample i still uses its own x_i.
+        largest of its samples' values (for episode scores R(tau): the penalty
+        only lowers a sample's); sample i still uses its own x_i.
     std is unbiased (ddof=1). A group with a single member uses mean 0, std 1
     (A = x, or x / (1 + eps)). A group whose members all tie (std_g <= eps)
     gives A = 0 under mean_std_norm: nothing ranks them, and with unit_ids a
-    sample may still differ from its tied unit's mean (by the invalid-action
+    sample may still differ from its tied unit's value (by the invalid-action
     penalty), which (x - mean_g) / eps would blow up. mean_norm keeps x - mean_g.
     Returns (N,) float64. Raises ValueError on an unknown norm.
     """
     _check("norm", norm, NORMS)
     x = _f64(values)
     group_members, keys = _members(group_ids, unit_ids)
-    sums, counts = defaultdict(float), Counter()
+    unit = {}   # a unit's value: its largest sample value (a sample is its own unit by default)
     for k, xi in zip(keys, x):
-        sums[k] += xi
-        counts[k] += 1
+        unit[k] = max(unit.get(k, xi), xi)
     mean, std = {}, {}
     for g, members in group_members.items():
-        u = np.array([sums[k] / counts[k] for k in members])
+        u = np.array([unit[k] for k in members])
         if len(u) == 1:
             mean[g], std[g] = 0.0, 1.0
         else:
@@ -214,7 +216,7 @@ def rloo_advantage(scores, group_ids, traj_ids, stats="step"):
     """Leave-one-out: A_i = (x_i - mean_g) * n / (n - 1)  (= x_i - mean of the others).
 
     n = number of members of group g (samples, or trajectories for stats="traj",
-    a trajectory's value being the mean of its samples). Groups with n == 1
+    a trajectory's value being R(tau), as in episode_advantage). Groups with n == 1
     get A = 0. Returns (N,) float64.
     """
     _check("stats", stats, STATS)

@@ -107,11 +107,27 @@ def test_step_vs_traj_statistics_differ():
         G.episode_advantage(scores, gids, tids, stats="episode")
 
 
-def test_unit_value_is_mean_of_its_samples():
-    # traj A samples 1, .9 -> unit value .95 ; traj B sample 0 -> 0 ; mean over units .475
-    # each sample subtracts from its own value: 1 - .475 = .525, .9 - .475 = .425, -.475
+def test_unit_value_is_its_return():
+    # traj A samples 1, .9 (its second step invalid) -> unit value 1 = R(A); traj B sample 0 -> 0;
+    # mean over units .5; each sample subtracts from its own value: 1 - .5, .9 - .5, 0 - .5
     out = G.group_stats_normalize([1, .9, 0], [0, 0, 0], "mean_norm", unit_ids=["A", "A", "B"])
-    close(out, [.525, .425, -.475])
+    close(out, [.5, .4, -.5])
+
+
+def test_traj_stats_near_tie_from_the_penalty_stays_bounded():
+    # two lost walks, 50 and 49 steps, one invalid action each: R = 0 for both. With a unit's
+    # value the mean of its samples' scores (-.1/50 vs -.1/49, std 3e-5) the invalid samples got
+    # -3281; with R(tau) the group ties and gets 0. The step statistics stay as they were.
+    r, t, g, v = [0.0] * 99, [0] * 50 + [1] * 49, [0] * 99, [1] * 49 + [0] + [1] * 48 + [0]
+    anchors = [str(i) for i in range(99)]
+    traj = G.compute_advantages(r, t, g, anchors, v, algo="grpo", stats="traj")
+    close(traj, [0] * 99, tol=0)
+    step = G.compute_advantages(r, t, g, anchors, v, algo="grpo", stats="step")
+    assert -7 < step.min() < -6.9 and 0.14 < step.max() < 0.15
+    # a walk with every step invalid is worth R - penalty: ranked below, by a bounded amount
+    out = G.compute_advantages([0, 0, 0, 0], [0, 0, 1, 1], [0] * 4, list("abcd"),
+                               [1, 0, 0, 0], algo="grpo", stats="traj")
+    assert np.abs(out).max() < 2 and out[0] > 0 > out[2]
 
 
 def test_rloo_by_hand():
