@@ -26,7 +26,8 @@ Choices and departures from the paper's text:
   * A step group with one member gets A^S = 0 (nothing to compare against).
   * mean_std_norm: a group whose members all tie (std <= eps) gets 0.
   * stats="traj": a trajectory's value is R(tau), the largest of its samples'
-    scores (the penalty only lowers invalid samples'); with the mean of its
+    scores (the penalty only lowers invalid samples'; R - penalty where every
+    step was invalid); with the mean of its
     samples instead, two lost walks of 49 and 50 steps with one invalid action
     each nearly tie (std 3e-5) and their samples got advantages of -3281.
   * An invalid action costs `penalty` on that sample's score / step return
