@@ -1,7 +1,7 @@
 """Behaviour cloning for ALFWorld: expert steps as chat data, then cross-entropy on the replies.
 
-    python -m bench.bc --collect .gpu-alf/bc-{prompt}.jsonl --games 400 --prompt tagged choice   # CPU
-    python -m bench.bc --train .gpu-alf/bc-choice.jsonl --model DIR --out OUT                   # GPU
+    python -m bench.bc --collect out/bc-{prompt}.jsonl --games 400 --prompt tagged choice      # CPU
+    python -m bench.bc --train out/bc-choice.jsonl --model DIR --out OUT                      # GPU
     python train.py --env alfworld --model OUT --prompt choice ...                              # RL from it
 
 Why: no model this trainer can get offline wins an ALFWorld game, so RL gets no signal (every
@@ -58,6 +58,7 @@ def collect(path, games, variants, data_dir=None, split="train"):
     if not 0 < games <= len(env.games):
         raise SystemExit(f"bench.bc: --games {games}: the {split} split has {len(env.games)} games")
     prompts = {v: prompt_module("alfworld", chat=True, variant=PROMPTS[v]) for v in variants}
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     files = {v: open(path.replace("{prompt}", v), "w") for v in variants}
     preset, lines, t0 = PRESETS["alfworld"], 0, time.perf_counter()
     for game in tqdm(range(games), desc="collect", unit="game"):
