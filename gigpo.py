@@ -27,9 +27,9 @@ Choices and departures from the paper's text:
   * mean_std_norm: a group whose members all tie (std <= eps) gets 0.
   * stats="traj": a trajectory's value is R(tau), the largest of its samples'
     scores (the penalty only lowers invalid samples'; R - penalty where every
-    step was invalid); with the mean of its
-    samples instead, two lost walks of 49 and 50 steps with one invalid action
-    each nearly tie (std 3e-5) and their samples got advantages of -3281.
+    step was invalid). With the mean of its samples instead, two lost walks of
+    49 and 50 steps with one invalid action each nearly tie (std 3e-5), and
+    their samples got advantages of -3281.
   * An invalid action costs `penalty` on that sample's score / step return
     only; the penalty is not discounted back to earlier steps.
 """
@@ -279,6 +279,19 @@ def step_advantage(step_rets, step_group_ids, norm="mean_std_norm", eps=1e-6):
     return np.where([size[s] > 1 for s in step_group_ids], adv, 0.0)
 
 
+def step_parts(rewards, traj_ids, group_ids, anchors, valid, *, gamma, penalty, norm, similarity=None,
+               tied_step=True):
+    """GiGPO's step term, for compute_advantages and for the log (records.advantage_parts):
+    -> (step returns, step group ids, A^S). tied_step=False, an ablation: A^S = 0 in episode
+    groups whose scores all tie (tied_groups: all won, all lost), so A^S acts only where A^E does."""
+    rets = step_returns(rewards, traj_ids, valid, gamma, penalty)
+    sg = step_groups(anchors, group_ids, similarity)
+    a_s = step_advantage(rets, sg, norm)
+    if not tied_step:
+        a_s = np.where(tied_groups(episode_scores(rewards, traj_ids, valid, penalty), group_ids), 0.0, a_s)
+    return rets, sg, a_s
+
+
 # --------------------------------------------------------------------------- DAPO's batch shaping
 def tied_groups(scores, group_ids, adv=None):
     """DAPO's dynamic sampling (Yu et al. 2025, arXiv 2503.14476, eq. 11) keeps an episode group
@@ -321,9 +334,8 @@ def compute_advantages(rewards, traj_ids, group_ids, anchors, valid, *, algo="gi
                        stats="step", similarity=None, values=None, gae_lambda=0.95, tied_step=True):
     """One advantage per sample.
 
-      gigpo:        A = A^E + omega * A^S   (Sec. 4.2, combined advantage); tied_step=False, an
-                    ablation: A^S = 0 in episode groups whose scores all tie (all won, all lost),
-                    so A^S acts only where A^E does too
+      gigpo:        A = A^E + omega * A^S   (Sec. 4.2, combined advantage); tied_step=False: an
+                    ablation (step_parts)
       grpo:         A = A^E                 (= gigpo with omega = 0)
       rloo:         A = leave-one-out on the episode scores
       ppo:          A = batch_whiten(gae_advantage(values) - penalty * (1 - v))   (a learned critic)
@@ -369,9 +381,8 @@ def compute_advantages(rewards, traj_ids, group_ids, anchors, valid, *, algo="gi
         return rloo_advantage(scores, group_ids, traj_ids, stats=stats)
     adv = episode_advantage(scores, group_ids, traj_ids, norm=norm, stats=stats)
     if algo == "gigpo" and omega != 0:
-        rets = step_returns(r, traj_ids, valid, gamma, penalty)
-        a_s = step_advantage(rets, step_groups(anchors, group_ids, similarity), norm)
-        adv = adv + omega * (a_s if tied_step else np.where(tied_groups(scores, group_ids), 0.0, a_s))
+        adv = adv + omega * step_parts(r, traj_ids, group_ids, anchors, valid, gamma=gamma, penalty=penalty,
+                                       norm=norm, similarity=similarity, tied_step=tied_step)[2]
     return adv
 
 

@@ -71,15 +71,14 @@ def advantage_parts(samples, cfg, rewards):
     an episode group."""
     trajs, groups, anchors, valid = ([getattr(s, f) for s in samples] for f in ("traj", "group", "anchor", "valid"))
     scores = gigpo.episode_scores(rewards, trajs, valid, cfg.penalty)
-    rets = gigpo.step_returns(rewards, trajs, valid, cfg.gamma, cfg.penalty)
-    sg = gigpo.step_groups(anchors, groups, cfg.similarity or None)
+    rets, sg, a_s = gigpo.step_parts(rewards, trajs, groups, anchors, valid, gamma=cfg.gamma, penalty=cfg.penalty,
+                                     norm=cfg.norm, similarity=cfg.similarity or None, tied_step=cfg.tied_step)
     if cfg.algo == "rloo":
         ae = gigpo.rloo_advantage(scores, groups, trajs, stats=cfg.stats)
     else:
         ae = gigpo.episode_advantage(scores, groups, trajs, norm=cfg.norm, stats=cfg.stats)
-    a_s = gigpo.step_advantage(rets, sg, cfg.norm) if cfg.algo == "gigpo" else np.zeros(len(samples))
-    if not cfg.tied_step:   # the ablation: no A^S in a group whose scores all tie
-        a_s = np.where(gigpo.tied_groups(scores, groups), 0.0, a_s)
+    if cfg.algo != "gigpo":
+        a_s = np.zeros(len(samples))
     size = {g: n for g, n in zip(*np.unique(np.asarray(sg), return_counts=True))}
     return {"step_return": rets, "adv_episode": ae, "adv_step": a_s, "step_group": sg,
             "step_group_size": [size[g] for g in sg]}
