@@ -112,8 +112,9 @@ class VLLMEngine:
     model's dtype (float32), the configuration measured to match transformers. On GPU: bfloat16, the
     dtype the trainer computes in under FSDP2 (an engine in float32 next to a bf16 trainer is a
     logp_gap of its own) and CUDA graphs for the decode steps; prefill runs eager. With compile
-    (--compile 1): vLLM's torch.compile of the model too, and CUDA graphs for prefill and mixed
-    steps (FULL_AND_PIECEWISE); it adds about a minute at start-up (cached for the next run).
+    (train.py's default on a GPU, --compile auto): vLLM's torch.compile of the model too, and CUDA
+    graphs for prefill and mixed steps (FULL_AND_PIECEWISE); it adds about a minute at start-up
+    (cached for the next run).
     GPU memory: vLLM takes `gpu_memory_utilization` of the GPU, sized by a start-up profiling run
     that fails when other processes change their GPU memory meanwhile (runs sharing a GPU); with
     gpu_memory_utilization 0 it takes a fixed `kv_cache_mb` cache instead and skips that profiling,

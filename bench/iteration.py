@@ -6,7 +6,8 @@
 
 Every flag it does not know goes to train.py, after `--env alfworld` and its preset (train.PRESETS:
 16 groups x 8 envs, up to 50 steps, 512 response tokens, window memory, KL and entropy terms, 8 env
-workers), so the iteration is the one `python train.py --env alfworld --model DIR` runs.
+workers; on a GPU compiled, --compile auto), so the iteration is the one `python train.py --env
+alfworld --model DIR` runs. Measured on an H200: bench/README.md, "One ALFWorld iteration".
 
 The model: bench.update's SHAPES[--shape] as a Qwen2 config, random init (no hub here), saved as an
 HF folder under --out with a tokenizer trained here: byte-level BPE on the env's own text (its

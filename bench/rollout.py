@@ -9,7 +9,8 @@
 as train.py builds them there by default (vLLM compiled, with CUDA graphs; transformers eager); then
 where the logp_gap comes from: one sampled vLLM rollout is scored by the trainer's code path
 (ppo.logprobs) in float32 and in bfloat16 (packed varlen rows, as FSDP2 computes them, and
-left-padded SDPA rows), and each pair of the four log-prob sets (vLLM's own and those three) is compared, mean |difference| per response token.
+left-padded SDPA rows), and each pair of the four log-prob sets (vLLM's own and those three) is
+compared, mean |difference| per response token.
 SmolLM2-135M-Instruct comes from smollm2.py (its PyPI wheel, dequantised to float32).
 
 Each round plays one full batch of treasure episodes per engine, interleaved (hf, vllm, hf, ...) so
