@@ -166,8 +166,19 @@ class VLLMEngine:
             self.llm.sleep(level=1)
 
     def wake(self):
-        if self.sleeps:
+        """Map the engine's weights and KV cache back (GPU). No room for them is one line, not vLLM's
+        traceback: the card's memory is what the update left free (train.py empties its cache first)."""
+        if not self.sleeps:
+            return
+        try:
             self.llm.wake_up()
+        except RuntimeError as e:
+            if "out of memory" not in str(e).lower():
+                raise
+            held = torch.cuda.memory_allocated() / 2**30 if torch.cuda.is_available() else float("nan")
+            sys.exit(f"error: vLLM could not wake after the update (GPU out of memory; the trainer holds "
+                     f"{held:.1f} GiB): lower --gpu_memory_utilization (the engine's share), or the trainer's "
+                     f"memory with --grad_ckpt 1, --lora_rank or more GPUs")
 
     @contextlib.contextmanager
     def _threads(self):

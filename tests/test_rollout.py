@@ -1,5 +1,6 @@
 import copy
 
+import pytest
 import torch
 
 from envs import GroupedEnvs
@@ -116,3 +117,29 @@ def test_rollout_records_ids_untouched_and_flags_invalid(tiny_model):
     assert len(by_env[1][2].prompt_ids) > len(by_env[1][0].prompt_ids)
     assert engine.calls[0] == 2 and sum(engine.calls) == len(samples)
     assert set(timing) == {"gen", "env", "other"}
+
+
+def test_vllm_that_cannot_wake_is_one_line():
+    """A 1.5B update on one H200 once left vLLM no memory to wake into: vLLM's out-of-memory
+    traceback becomes one line naming the knobs; other errors stay as they are; an engine that
+    never sleeps (CPU, or a fixed KV cache) does nothing."""
+    from rollout import VLLMEngine
+
+    class LLM:
+        def __init__(self, error):
+            self.error = error
+
+        def wake_up(self):
+            raise self.error
+
+    engine = VLLMEngine.__new__(VLLMEngine)
+    engine.sleeps, engine.llm = True, LLM(RuntimeError("CUDA Error: out of memory at cumem_allocator.cpp:163"))
+    with pytest.raises(SystemExit) as e:
+        engine.wake()
+    msg = str(e.value.code)
+    assert msg.startswith("error: vLLM could not wake") and "--gpu_memory_utilization" in msg and "\n" not in msg
+    engine.llm = LLM(RuntimeError("something else"))
+    with pytest.raises(RuntimeError, match="something else"):
+        engine.wake()
+    engine.sleeps = False
+    engine.wake()
