@@ -65,7 +65,8 @@ def open_metrics_log(cfg, kept, start):
 
 
 def advantage_parts(samples, cfg, rewards):
-    """-> {step_return, adv_episode, adv_step, step_group, step_group_size}, one value per sample,
+    """-> {step_return, adv_episode, adv_step, step_group, step_group_size}, one value per sample
+    (adv_step is A^S before the weight omega: the trained advantage is adv_episode + omega * adv_step),
     from gigpo's own functions (compute_advantages keeps its intermediates private), on the rewards
     the update saw (train.shaped_rewards). Pass whole episode groups: every part is computed within
     an episode group."""

@@ -518,17 +518,18 @@ def test_every_estimator_and_loss_trains(tmp_path, args):
     assert row["optimizer_steps"] >= 1 and row["dropped_groups"] == 0 and row["adv_abs"] > 0
 
 
-@pytest.mark.parametrize("tied_step", ["1", "0"])
-def test_logged_parts_are_those_the_update_saw(tmp_path, tied_step):
+@pytest.mark.parametrize("tied_step, omega", [("1", 1.0), ("0", 1.0), ("1", 0.5)])
+def test_logged_parts_are_those_the_update_saw(tmp_path, tied_step, omega):
     """--overlong_penalty shapes the rewards before the advantages: the logged parts of each step
-    (episodes.jsonl) come from the same rewards, so A = A^E + A^S still holds there (also under the
-    --tied_step 0 ablation)."""
+    (episodes.jsonl) come from the same rewards, so A = A^E + omega A^S still holds there (also under
+    the --tied_step 0 ablation); adv_step is the paper's A^S, before the weight omega."""
     import train
     train.main([*SMALL_RUN, "--overlong_penalty", "0.5", "--log_groups", "2", "--iterations", "1",
-                "--tied_step", tied_step, "--out_dir", str(tmp_path)])
+                "--tied_step", tied_step, "--omega", str(omega), "--out_dir", str(tmp_path)])
     steps = [s for line in open(tmp_path / "episodes.jsonl") for s in json.loads(line)["steps"]
              if json.loads(line)["split"] == "train"]
-    assert steps and all(s["adv"] == pytest.approx(s["adv_episode"] + s["adv_step"]) for s in steps)
+    assert steps and all(s["adv"] == pytest.approx(s["adv_episode"] + omega * s["adv_step"]) for s in steps)
+    assert any(abs(s["adv_step"]) > 1e-6 for s in steps)   # the step term is really there to weigh
     last = [json.loads(line)["steps"][-1] for line in open(tmp_path / "episodes.jsonl")
             if json.loads(line)["split"] == "train"]   # 1-token replies never end on EOS: every one is cut
     assert all(s["step_return"] == pytest.approx(s["reward"] - 0.5 - 0.1 * (not s["valid"])) for s in last)
