@@ -32,7 +32,7 @@ def run_train(*args, timeout=600):
     (["--lora_rank", "-1"], "--lora_rank"),
     (["--prompt", "choice"], "--prompt choice: prompts/treasure.py has the variants chat"),
     (["--iterations"], "needs a value"),
-    (["--compile", "yes"], "--compile wants auto, 1 or 0"),
+    (["--compile", "yes"], "unknown compile 'yes': use --compile with one of auto, 1, 0"),
 ])
 def test_bad_input_is_one_line_before_work(args, words):
     r = run_train(*args, timeout=60)
