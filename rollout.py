@@ -195,13 +195,13 @@ class VLLMEngine:
 
     def generate(self, prompts, temperature=1.0, top_p=1.0, max_tokens=16):
         params = self.SamplingParams(temperature=temperature, top_p=top_p, max_tokens=max_tokens,
-                                     logprobs=0, stop_token_ids=[self.eos], detokenize=False)
+                                     logprobs=0, stop_token_ids=[self.eos], detokenize=False, flat_logprobs=True)
         with self._threads():
             outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
         results = []
-        for o in outs:
-            c = o.outputs[0]
-            results.append((list(c.token_ids), [lp[t].logprob for t, lp in zip(c.token_ids, c.logprobs)]))
+        for o in outs:   # flat log-probs: plain lists, the sampled token's entry first at each position
+            c, lp = o.outputs[0], o.outputs[0].logprobs
+            results.append((list(c.token_ids), [lp.logprobs[i] for i in lp.start_indices]))
         return results
 
 
