@@ -216,13 +216,13 @@ def main(argv=None):
         # 3. update: old (and reference) log-probs by the training model, then the clipped step
         with timer("sync"):
             engine.sleep()                              # vLLM on GPU: its memory goes to the update
-        with timer("update", device):
+        with timer("update", device), timer("logprobs", device):   # time_logprobs: part of time_update
             old, ref_lp = logprobs(model, trained, **lp), None
             if cfg.kl_coef > 0:   # the frozen copy, or with LoRA the model itself with its adapters off
                 with model.disable_adapter() if cfg.lora_rank else contextlib.nullcontext():
                     ref_lp = logprobs(model if ref is None else ref, trained, **lp)
-            upd = update(model, opt, sched, trained, old=old, ref=ref_lp, adv=adv, critic=critic, targets=targets,
-                         **lp)
+        with timer("update", device):
+            upd = update(model, opt, sched, trained, old=old, ref=ref_lp, adv=adv, critic=critic, targets=targets, **lp)
             stop_if_not_finite(model, critic, upd, it, cfg, saved)
         if rank == 0 and cfg.log_groups:   # written once the update is known finite, like everything else
             episode_log.write(shown)
@@ -245,7 +245,8 @@ def main(argv=None):
         tokens = all_reduce(sum(len(s.prompt_ids) + len(s.response_ids) for s in trained))
         m = {"iteration": it, **summed, "lr": sched.get_last_lr()[0], **adv_stats, **upd,
              "time_gen": timing["gen"], "time_env": timing["env"], "time_rollout_other": timing["other"],
-             "time_update": timer["update"], "time_sync": timer["sync"], "time_iteration": dt,
+             "time_update": timer["update"], "time_logprobs": timer["logprobs"], "time_sync": timer["sync"],
+             "time_iteration": dt,
              "samples_per_s": summed["samples"] / dt, "update_tokens_per_s": tokens / timer["update"],
              "eval_success": eval_success,   # named sets (ALFWorld): also eval_success/<set>[/<task type>]
              **{f"eval_success/{k}": v for k, v in eval_rates.items() if k != "held-out"},

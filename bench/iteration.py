@@ -19,7 +19,8 @@ allow (a trained model replies shorter and wins some games early).
 Left out of the timed iteration, as train.py does them only every --eval_every iterations (10 for
 ALFWorld): the evaluation and the checkpoint (both patched out here: a 1.5B checkpoint with its
 AdamW state is ~25 GB of disk). Prints the metrics line's time_* phases, the start-up before the
-iteration, samples, tokens, update tokens/s and MFU (with --peak_tflops); --json FILE appends them.
+iteration, samples, tokens, update tokens/s and MFU (with --peak_tflops), and the update's log-prob
+passes apart from its step (time_logprobs); --json FILE appends them.
 """
 import argparse
 import json
@@ -105,7 +106,7 @@ def main():
     start_up = time.perf_counter() - t_main - m["wall"]   # load, engine, env workers; and their teardown
     res = {"shape": args.shape, "params": n_params, "argv": argv, "start_up_s": start_up,
            **{k: m.get(k) for k in (*PHASES, "samples", "episode_length", "prompt_tokens", "response_tokens",
-                                    "update_tokens_per_s", "mfu", "logp_gap")}}
+                                    "update_tokens_per_s", "mfu", "logp_gap", "time_logprobs")}}
     print(f"\none iteration of python train.py {' '.join(argv)} (a random {args.shape} model): "
           f"{m['time_iteration']:.1f} s; train.py's set-up (and teardown) around it {start_up:.0f} s")
     print("| " + " | ".join(k[5:] for k in PHASES) + " | samples | prompt / response tokens per sample | "
@@ -116,7 +117,8 @@ def main():
           f"{m['response_tokens']:.0f} | {m['update_tokens_per_s']:,.0f} | {mfu} |")
     phases = {k[5:]: m[k] for k in PHASES[:-1]}
     top = max(phases, key=phases.get)
-    print(f"largest phase: {top}, {phases[top] / m['time_iteration']:.0%} of the iteration")
+    print(f"largest phase: {top}, {phases[top] / m['time_iteration']:.0%} of the iteration; of the update, "
+          f"{m['time_logprobs']:.1f} s the old and reference log-probs, {m['time_update'] - m['time_logprobs']:.1f} s the step")
     if args.json:
         with open(args.json, "a") as f:
             f.write(json.dumps(res) + "\n")

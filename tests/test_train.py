@@ -146,9 +146,10 @@ def test_two_iterations_end_to_end(tmp_path):
     assert [m["iteration"] for m in rows] == [1, 2]
     for key in ("success", "reward", "valid_ratio", "episode_length", "prompt_tokens",
                 "response_tokens", "zero_var_group_frac", "won_group_frac", "step_group_size_hist", "kl_ref",
-                "entropy", "logp_gap", "time_gen", "time_env", "time_update", "time_sync",
+                "entropy", "logp_gap", "time_gen", "time_env", "time_update", "time_logprobs", "time_sync",
                 "samples_per_s", "eval_success"):
         assert key in rows[-1], key
+    assert all(0 < m["time_logprobs"] < m["time_update"] for m in rows)   # the log-prob passes: part of it
     assert rows[-1]["kl_ref"] >= 0 and rows[-1]["logp_gap"] < 1e-3
     # truncated IS: float32 on CPU, rollout and trainer agree, so every weight is ~1 and none capped
     assert all(abs(m["tis_weight"] - 1) < 1e-3 and m["tis_trunc_frac"] == 0 for m in rows)
