@@ -200,8 +200,8 @@ class VLLMEngine:
             outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
         results = []
         for o in outs:   # flat log-probs: plain lists, the sampled token's entry first at each position
-            c, lp = o.outputs[0], o.outputs[0].logprobs
-            results.append((list(c.token_ids), [lp.logprobs[i] for i in lp.start_indices]))
+            c = o.outputs[0]
+            results.append((list(c.token_ids), [c.logprobs.logprobs[i] for i in c.logprobs.start_indices]))
         return results
 
 
