@@ -1,4 +1,4 @@
-"""One training iteration of train.py, timed by phase, with a random-weight model of a Qwen2.5 shape.
+"""Iterations of train.py, timed by phase, with a random-weight model of a Qwen2.5 shape.
 
     python -m bench.iteration --shape 1.5b --peak_tflops 790          # ALFWorld, the paper's settings, one GPU
     python -m bench.iteration --shape tiny --engine hf --n_groups 2 --group_size 2 --env_workers 0 \\
@@ -18,9 +18,12 @@ allow (a trained model replies shorter and wins some games early).
 
 Left out of the timed iteration, as train.py does them only every --eval_every iterations (10 for
 ALFWorld): the evaluation and the checkpoint (both patched out here: a 1.5B checkpoint with its
-AdamW state is ~25 GB of disk). Prints the metrics line's time_* phases, the start-up before the
-iteration, samples, tokens, update tokens/s and MFU (with --peak_tflops), and the update's log-prob
-passes apart from its step (time_logprobs); --json FILE appends them.
+AdamW state is ~25 GB of disk). Runs --iterations (2): the first carries every first call's cost
+(torch.compile of the trainer's layers, under --compile, for the no-grad and the training pass;
+the allocator's growth), so the last is the iteration a long run repeats. Prints, per iteration,
+the metrics line's time_* phases, samples, tokens, update tokens/s and MFU (with --peak_tflops),
+and the update's log-prob passes apart from its step (time_logprobs); then the start-up before the
+first; --json FILE appends them (the last iteration's at the top level, every one under "per_iteration").
 """
 import argparse
 import json
@@ -85,10 +88,14 @@ def main():
     ap.add_argument("--env", default="alfworld", help="train.py --env (its preset applies)")
     ap.add_argument("--out", default="/tmp/bench-iteration", help="the model folder and train.py's out_dir go here")
     ap.add_argument("--json", default="", help="append the results as one JSON line to this file")
+    ap.add_argument("--iterations", type=int, default=2, help="train.py iterations; the first carries compile's "
+                    "warm-up, the last is reported as the steady state")
     args, rest = ap.parse_known_args()
     model_dir, out_dir = os.path.join(args.out, f"model-{args.shape}"), os.path.join(args.out, "run")
     # --eval_episodes 1: the random-policy baseline train.py plays at start-up is then one game
-    argv = ["--env", args.env, "--model", model_dir, "--iterations", "1", "--out_dir", out_dir, "--eval_episodes", "1",
+    if args.iterations < 1:
+        raise SystemExit(f"error: --iterations {args.iterations}: run at least 1")
+    argv = ["--env", args.env, "--model", model_dir, "--iterations", str(args.iterations), "--out_dir", out_dir, "--eval_episodes", "1",
             *(["--eval_sets", "valid_seen"] if args.env == "alfworld" else []), *rest]
     cfg = train.parse_args(argv)   # a bad flag stops here, in one line that names it
     t0 = time.perf_counter()
@@ -102,27 +109,37 @@ def main():
     t_main = time.perf_counter()
     train.main(argv)
     with open(os.path.join(out_dir, "metrics.jsonl")) as f:
-        m = json.loads(f.readlines()[-1])
+        lines = [json.loads(line) for line in f]
+    m = lines[-1]   # the steady state: the last iteration
     start_up = time.perf_counter() - t_main - m["wall"]   # load, engine, env workers; and their teardown
+    keys = (*PHASES, "samples", "episode_length", "prompt_tokens", "response_tokens", "update_tokens_per_s", "mfu",
+            "logp_gap", "time_logprobs")
     res = {"shape": args.shape, "params": n_params, "argv": argv, "start_up_s": start_up,
-           **{k: m.get(k) for k in (*PHASES, "samples", "episode_length", "prompt_tokens", "response_tokens",
-                                    "update_tokens_per_s", "mfu", "logp_gap", "time_logprobs")}}
-    print(f"\none iteration of python train.py {' '.join(argv)} (a random {args.shape} model): "
-          f"{m['time_iteration']:.1f} s; train.py's set-up (and teardown) around it {start_up:.0f} s")
-    print("| " + " | ".join(k[5:] for k in PHASES) + " | samples | prompt / response tokens per sample | "
-          "update tokens/s | MFU |")
-    print("|---" * (len(PHASES) + 4) + "|")
-    mfu = f"{m['mfu']:.1%}" if m.get("mfu") is not None else "-"
-    print("| " + " | ".join(f"{m[k]:.1f}" for k in PHASES) + f" | {m['samples']:.0f} | {m['prompt_tokens']:.0f} / "
-          f"{m['response_tokens']:.0f} | {m['update_tokens_per_s']:,.0f} | {mfu} |")
+           **{k: m.get(k) for k in keys}, "per_iteration": [{k: x.get(k) for k in keys} for x in lines]}
+    print(f"\n{len(lines)} iteration(s) of python train.py {' '.join(argv)} (a random {args.shape} model); "
+          f"train.py's set-up (and teardown) around them {start_up:.0f} s")
+    print("| iteration | " + " | ".join(k[5:] for k in PHASES) + " | samples | prompt / response tokens per sample | "
+          "update tokens/s | MFU | of the update: log-probs / step |")
+    print("|---" * (len(PHASES) + 6) + "|")
+    for x in lines:
+        mfu = f"{x['mfu']:.1%}" if x.get("mfu") is not None else "-"
+        print(f"| {x['iteration']} | " + " | ".join(f"{x[k]:.1f}" for k in PHASES) + f" | {x['samples']:.0f} | "
+              f"{x['prompt_tokens']:.0f} / {x['response_tokens']:.0f} | {x['update_tokens_per_s']:,.0f} | {mfu} | "
+              f"{x['time_logprobs']:.1f} / {x['time_update'] - x['time_logprobs']:.1f} |")
     phases = {k[5:]: m[k] for k in PHASES[:-1]}
     top = max(phases, key=phases.get)
-    print(f"largest phase: {top}, {phases[top] / m['time_iteration']:.0%} of the iteration; of the update, "
-          f"{m['time_logprobs']:.1f} s the old and reference log-probs, {m['time_update'] - m['time_logprobs']:.1f} s the step")
+    print(f"steady state (iteration {m['iteration']}): {m['time_iteration']:.1f} s; largest phase: {top}, "
+          f"{phases[top] / m['time_iteration']:.0%} of it")
+    if len(lines) > 1:
+        first = lines[0]
+        print(f"iteration 1 took {first['time_iteration'] - m['time_iteration']:+.1f} s more "
+              f"({first['time_update'] - m['time_update']:+.1f} s in the update, "
+              f"{first['time_gen'] - m['time_gen']:+.1f} s in generation): its first calls (under --compile, "
+              f"torch.compile's warm-up)")
     if args.json:
         with open(args.json, "a") as f:
             f.write(json.dumps(res) + "\n")
-    print(f"bench total {time.perf_counter() - t_start:.0f} s (model folder, train.py's set-up, the iteration)")
+    print(f"bench total {time.perf_counter() - t_start:.0f} s (model folder, train.py's set-up, the iterations)")
 
 
 if __name__ == "__main__":

@@ -600,3 +600,22 @@ def test_dynamic_sampling_trains_on_the_groups_whose_scores_differ(tmp_path, mon
     init = build_tiny("treasure", seed=0)[0].state_dict()
     after = AutoModelForCausalLM.from_pretrained(tmp_path / "none" / "model").state_dict()
     assert all(torch.equal(after[k], init[k]) for k in init)
+
+
+def test_bench_iteration_reports_every_iteration_and_the_last_as_steady_state(tmp_path):
+    """bench.iteration (the GPU's headline timing) runs train.py for --iterations and reports each
+    one; the JSON's top level is the last iteration, the steady state a long run repeats."""
+    out = tmp_path / "it.json"
+    r = subprocess.run([sys.executable, "-m", "bench.iteration", "--shape", "tiny", "--env", "treasure",
+                        "--engine", "hf", "--n_groups", "2", "--group_size", "2", "--env_workers", "0",
+                        "--max_response_tokens", "8", "--iterations", "2", "--out", str(tmp_path),
+                        "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads(out.read_text())
+    its = res["per_iteration"]
+    assert len(its) == 2 and res["time_iteration"] == its[-1]["time_iteration"]
+    for m in its:
+        assert 0 < m["time_logprobs"] < m["time_update"] < m["time_iteration"]
+        assert m["samples"] > 0 and m["response_tokens"] <= 8
+    assert "steady state (iteration 2)" in r.stdout and "| 1 |" in r.stdout and "| 2 |" in r.stdout
+    assert "--iterations 2" in r.stdout   # the train.py command it timed
