@@ -6,8 +6,8 @@
 
 Every flag it does not know goes to train.py, after `--env alfworld` and its preset (train.PRESETS:
 16 groups x 8 envs, up to 50 steps, 512 response tokens, window memory, KL and entropy terms, 8 env
-workers; on a GPU compiled, --compile auto), so the iteration is the one `python train.py --env
-alfworld --model DIR` runs. Measured on an H200: bench/README.md, "One ALFWorld iteration".
+workers; on a GPU compiled, --compile auto), so the iterations are those `python train.py --env
+alfworld --model DIR` runs. Measured on an H200: bench/README.md, "ALFWorld iterations".
 
 The model: bench.update's SHAPES[--shape] as a Qwen2 config, random init (no hub here), saved as an
 HF folder under --out with a tokenizer trained here: byte-level BPE on the env's own text (its
@@ -116,6 +116,7 @@ def main():
             "logp_gap", "time_logprobs")
     res = {"shape": args.shape, "params": n_params, "argv": argv, "start_up_s": start_up,
            **{k: m.get(k) for k in keys}, "per_iteration": [{k: x.get(k) for k in keys} for x in lines]}
+    print("(train.py's 'model saved' above is not so: the bench leaves the checkpoint out)")
     print(f"\n{len(lines)} iteration(s) of python train.py {' '.join(argv)} (a random {args.shape} model); "
           f"train.py's set-up (and teardown) around them {start_up:.0f} s")
     print("| iteration | " + " | ".join(k[5:] for k in PHASES) + " | samples | prompt / response tokens per sample | "
