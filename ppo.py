@@ -70,14 +70,15 @@ def make_batch(samples, idx, pad_id, packed):
     return {"inputs": inputs, "rows": rows, "cols": cols, "targets": targets, "last_prompt": last}
 
 
-def response_logprobs(model, batch, device, temperature=1.0, entropy_grad=False):
+def response_logprobs(model, batch, device, temperature=1.0, entropy_grad=False, entropy=True):
     """Log-prob and entropy of every response token of a micro-batch: two (n_tokens,) tensors, in
     sample order (the order of make_batch's idx), token order within a sample. The entropy carries
-    a gradient only with entropy_grad (an entropy bonus); else it is a metric, kept off the graph."""
-    return score(model, batch, device, temperature, entropy_grad)[:2]
+    a gradient only with entropy_grad (an entropy bonus); else it is a metric, kept off the graph.
+    entropy=False: None in its place (two fewer passes over the (n_tokens, vocab) log-probs)."""
+    return score(model, batch, device, temperature, entropy_grad, entropy=entropy)[:2]
 
 
-def score(model, batch, device, temperature=1.0, entropy_grad=False, critic=None):
+def score(model, batch, device, temperature=1.0, entropy_grad=False, critic=None, entropy=True):
     """response_logprobs' two tensors and, with a critic, V(s) of each sample from the same forward:
     (n_samples,), else None."""
     inputs = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch["inputs"].items()}
@@ -89,6 +90,8 @@ def score(model, batch, device, temperature=1.0, entropy_grad=False, critic=None
     if critic is not None:   # the last layer's (normed) hidden state at the last prompt token
         r, c = batch["last_prompt"]
         values = critic(out.hidden_states[-1][r.to(device), c.to(device)])
+    if not entropy:
+        return logp, None, values
     with torch.enable_grad() if entropy_grad else torch.no_grad():
         return logp, -(logp_all.exp() * logp_all).sum(-1), values
 
@@ -115,7 +118,8 @@ def logprobs(model, samples, *, cfg, device, pad_id, packed):
         if mb is None:
             dummy_pass(model, device)
             continue
-        logp = response_logprobs(model, make_batch(samples, mb, pad_id, packed), device, cfg.temperature)[0]
+        logp = response_logprobs(model, make_batch(samples, mb, pad_id, packed), device, cfg.temperature,
+                                 entropy=False)[0]
         for i, lp in zip(mb, logp.cpu().split([len(samples[i].response_ids) for i in mb])):
             out[i] = lp
     return out
@@ -176,7 +180,8 @@ def state_values(model, critic, samples, *, cfg, device, pad_id, packed):
         if mb is None:
             dummy_pass(model, device)
             continue
-        out[mb] = score(model, make_batch(samples, mb, pad_id, packed), device, critic=critic)[2].cpu().numpy()
+        out[mb] = score(model, make_batch(samples, mb, pad_id, packed), device, critic=critic,
+                        entropy=False)[2].cpu().numpy()
     return out
 
 

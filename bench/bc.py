@@ -107,7 +107,7 @@ def reply_logp(model, samples, idx, pad_id, device):
     from ppo import make_batch, response_logprobs
     packed = getattr(model.config, "_attn_implementation", "") in PACKED_ATTN
     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-        return response_logprobs(model, make_batch(samples, idx, pad_id, packed), device)[0]
+        return response_logprobs(model, make_batch(samples, idx, pad_id, packed), device, entropy=False)[0]
 
 
 def train(args):

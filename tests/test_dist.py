@@ -77,6 +77,9 @@ def test_entropy_is_on_the_graph_only_with_an_entropy_bonus():
     logp, ent = ppo.response_logprobs(model, batch, "cpu")
     assert logp.requires_grad and not ent.requires_grad
     assert ppo.response_logprobs(model, batch, "cpu", entropy_grad=True)[1].requires_grad
+    # the log-prob passes (old, reference) skip it: the same log-probs, no entropy
+    bare, none = ppo.response_logprobs(model, batch, "cpu", entropy=False)
+    assert none is None and torch.equal(bare, logp) and ent.shape == logp.shape and (ent > 0).all()
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="torch's varlen attention needs a CUDA GPU")
