@@ -95,8 +95,8 @@ def main():
     # --eval_episodes 1: the random-policy baseline train.py plays at start-up is then one game
     if args.iterations < 1:
         raise SystemExit(f"error: --iterations {args.iterations}: run at least 1")
-    argv = ["--env", args.env, "--model", model_dir, "--iterations", str(args.iterations), "--out_dir", out_dir, "--eval_episodes", "1",
-            *(["--eval_sets", "valid_seen"] if args.env == "alfworld" else []), *rest]
+    argv = ["--env", args.env, "--model", model_dir, "--iterations", str(args.iterations), "--out_dir", out_dir,
+            "--eval_episodes", "1", *(["--eval_sets", "valid_seen"] if args.env == "alfworld" else []), *rest]
     cfg = train.parse_args(argv)   # a bad flag stops here, in one line that names it
     t0 = time.perf_counter()
     n_params = make_model_dir(args.shape, cfg, model_dir)
@@ -116,7 +116,7 @@ def main():
             "logp_gap", "time_logprobs")
     res = {"shape": args.shape, "params": n_params, "argv": argv, "start_up_s": start_up,
            **{k: m.get(k) for k in keys}, "per_iteration": [{k: x.get(k) for k in keys} for x in lines]}
-    print("(train.py's 'model saved' above is not so: the bench leaves the checkpoint out)")
+    print("(no model was saved, whatever train.py's last lines say: the bench leaves the checkpoint out)")
     print(f"\n{len(lines)} iteration(s) of python train.py {' '.join(argv)} (a random {args.shape} model); "
           f"train.py's set-up (and teardown) around them {start_up:.0f} s")
     print("| iteration | " + " | ".join(k[5:] for k in PHASES) + " | samples | prompt / response tokens per sample | "
