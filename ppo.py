@@ -112,14 +112,17 @@ def synced_micro_batches(samples, idx, cfg, pad_id, packed):
 @torch.no_grad()
 def logprobs(model, samples, *, cfg, device, pad_id, packed):
     """Per-sample log-probs of the responses under `model` -> list of (r_i,) CPU tensors (train.py:
-    the old log-probs of the update, and the KL reference's)."""
-    out = [None] * len(samples)
+    the old log-probs of the update, and the KL reference's). They stay on the device until the last
+    micro-batch is queued: a copy to the CPU after each would wait for its forward, and the GPU would
+    then wait for the next micro-batch's inputs to be built."""
+    out, done = [None] * len(samples), []
     for mb in synced_micro_batches(samples, range(len(samples)), cfg, pad_id, packed):
         if mb is None:
             dummy_pass(model, device)
             continue
-        logp = response_logprobs(model, make_batch(samples, mb, pad_id, packed), device, cfg.temperature,
-                                 entropy=False)[0]
+        done.append((mb, response_logprobs(model, make_batch(samples, mb, pad_id, packed), device, cfg.temperature,
+                                           entropy=False)[0]))
+    for mb, logp in done:
         for i, lp in zip(mb, logp.cpu().split([len(samples[i].response_ids) for i in mb])):
             out[i] = lp
     return out
