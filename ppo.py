@@ -81,15 +81,19 @@ def response_logprobs(model, batch, device, temperature=1.0, entropy_grad=False,
 def score(model, batch, device, temperature=1.0, entropy_grad=False, critic=None, entropy=True):
     """response_logprobs' two tensors and, with a critic, V(s) of each sample from the same forward:
     (n_samples,), else None."""
-    inputs = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch["inputs"].items()}
+    # every copy to the device before the forward is queued: a copy waits for the GPU to finish what
+    # it was given, so one after it would hold the CPU until the forward is done
+    to = lambda x: x.to(device) if torch.is_tensor(x) else x   # noqa: E731
+    inputs = {k: to(v) for k, v in batch["inputs"].items()}
+    rows, cols, targets = to(batch["rows"]), to(batch["cols"]), to(batch["targets"])
+    r, c = map(to, batch["last_prompt"])
     out = model(**inputs, use_cache=False, output_hidden_states=critic is not None)
-    logits = out.logits[batch["rows"].to(device), batch["cols"].to(device)].float() / temperature   # (n, V)
+    logits = out.logits[rows, cols].float() / temperature                          # (n, V)
     logp_all = torch.log_softmax(logits, -1)                                       # (n, V)
-    logp = logp_all.gather(-1, batch["targets"].to(device)[:, None])[:, 0]
+    logp = logp_all.gather(-1, targets[:, None])[:, 0]
     values = None
     if critic is not None:   # the last layer's (normed) hidden state at the last prompt token
-        r, c = batch["last_prompt"]
-        values = critic(out.hidden_states[-1][r.to(device), c.to(device)])
+        values = critic(out.hidden_states[-1][r, c])
     if not entropy:
         return logp, None, values
     with torch.enable_grad() if entropy_grad else torch.no_grad():
