@@ -317,8 +317,8 @@ def batch_arithmetic(cfg, world, envs):
 
 
 def build_policy(cfg, device, world, print0):
-    """-> the model to train (with LoRA adapters under --lora_rank; sharded), its tokenizer, the
-    frozen KL reference (None without --kl_coef, or with LoRA: then the adapters are switched off),
+    """-> the model to train (with LoRA adapters under --lora_rank; sharded), its tokenizer, the frozen
+    KL reference, compiled alike (None without --kl_coef, or with LoRA: then the adapters are off),
     the generation engine, the engine's own model copy where it has one (saved as model/), and
     whether micro-batches are packed rows (varlen attention) rather than padded ones."""
     model, tok = load_model(cfg, device)
@@ -341,7 +341,7 @@ def build_policy(cfg, device, world, print0):
            f"vocab {len(tok)}, device {device}{f', FSDP2 over {world} rank(s)' if distributed else ''}, "
            f"engine {'transformers' if isinstance(engine, HFEngine) else 'vllm'}")
     model = shard(model, device, cfg.grad_ckpt, compile_layers=compiled(cfg, device, engine))
-    ref = shard(ref, device) if ref is not None else None
+    ref = shard(ref, device, compile_layers=compiled(cfg, device, engine)) if ref is not None else None
     return model, tok, ref, engine, gen_model, packed
 
 

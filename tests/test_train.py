@@ -105,6 +105,20 @@ def test_compile_auto_is_on_only_where_vllm_generates_on_a_gpu():
     assert not on(["--compile", "0"], cuda) and not on(["--compile", "False"], cuda)
 
 
+def test_compile_reaches_the_kl_reference_too():
+    """--compile 1 compiles the frozen KL reference's layers as well as the policy's: its log-prob
+    pass is as long as the old log-probs' (it ran eager before)."""
+    import train
+    cfg = train.parse_args(["--compile", "1", "--kl_coef", "0.01", "--engine", "hf", "--threads", "1"])
+    model, _, ref, *_ = train.build_policy(cfg, torch.device("cpu"), 1, lambda *a, **k: None)
+    assert ref is not None and ref is not model
+    for m in (model, ref):
+        assert all(hasattr(layer.forward, "_torchdynamo_orig_callable") for layer in m.model.layers)
+    cfg = train.parse_args(["--compile", "0", "--kl_coef", "0.01", "--engine", "hf", "--threads", "1"])
+    ref = train.build_policy(cfg, torch.device("cpu"), 1, lambda *a, **k: None)[2]
+    assert not any(hasattr(layer.forward, "_torchdynamo_orig_callable") for layer in ref.model.layers)
+
+
 @pytest.mark.parametrize("flag", [["--eval_every", "0"], ["--top_p", "0"]])
 def test_bad_flag_never_empties_an_existing_log(tmp_path, flag):
     """--eval_every 0 and --top_p 0 used to truncate the run's metrics.jsonl, then crash."""
