@@ -86,7 +86,7 @@ def score(model, batch, device, temperature=1.0, entropy_grad=False, critic=None
     to = lambda x: x.to(device) if torch.is_tensor(x) else x   # noqa: E731
     inputs = {k: to(v) for k, v in batch["inputs"].items()}
     rows, cols, targets = to(batch["rows"]), to(batch["cols"]), to(batch["targets"])
-    r, c = map(to, batch["last_prompt"])
+    r, c = map(to, batch["last_prompt"]) if critic is not None else (None, None)
     out = model(**inputs, use_cache=False, output_hidden_states=critic is not None)
     logits = out.logits[rows, cols].float() / temperature                          # (n, V)
     logp_all = torch.log_softmax(logits, -1)                                       # (n, V)
