@@ -195,7 +195,8 @@ def test_two_gloo_ranks_update_like_one_process(tmp_path):
     subprocess.run([sys.executable, script, str(tmp_path / "one.pt")], check=True, env=ENV, timeout=300)
     ranks = subprocess.run(torchrun(script, str(tmp_path / "two.pt")), env=ENV, timeout=300, capture_output=True,
                            text=True)
-    assert ranks.returncode == 0, ranks.stderr[-3000:]   # why it failed, not just that it did
+    where = "\n".join(line for line in ranks.stderr.splitlines() if "dist_update rank" in line or "terminate" in line)
+    assert ranks.returncode == 0, where + "\n...\n" + ranks.stderr[-3000:]   # why and where it failed
     one, two = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")
     init, _ = build_tiny("treasure", seed=0)
     init = dict(init.named_parameters())
