@@ -246,8 +246,7 @@ def main(argv=None):
         m = {"iteration": it, **summed, "lr": sched.get_last_lr()[0], **adv_stats, **upd,
              "time_gen": timing["gen"], "time_env": timing["env"], "time_rollout_other": timing["other"],
              "time_update": timer["update"], "time_logprobs": timer["logprobs"], "time_sync": timer["sync"],
-             "time_iteration": dt,
-             "samples_per_s": summed["samples"] / dt, "update_tokens_per_s": tokens / timer["update"],
+             "time_iteration": dt, "samples_per_s": summed["samples"] / dt, "update_tokens_per_s": tokens / timer["update"],
              "eval_success": eval_success,   # named sets (ALFWorld): also eval_success/<set>[/<task type>]
              **{f"eval_success/{k}": v for k, v in eval_rates.items() if k != "held-out"},
              "wall": time.perf_counter() - t_run}
@@ -340,8 +339,9 @@ def build_policy(cfg, device, world, print0):
     print0(f"model: {cfg.model}, {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters{lora}, "
            f"vocab {len(tok)}, device {device}{f', FSDP2 over {world} rank(s)' if distributed else ''}, "
            f"engine {'transformers' if isinstance(engine, HFEngine) else 'vllm'}")
-    model = shard(model, device, cfg.grad_ckpt, compile_layers=compiled(cfg, device, engine))
-    ref = shard(ref, device, compile_layers=compiled(cfg, device, engine)) if ref is not None else None
+    compile_layers = compiled(cfg, device, engine)   # the policy's and the reference's alike
+    model = shard(model, device, cfg.grad_ckpt, compile_layers=compile_layers)
+    ref = shard(ref, device, compile_layers=compile_layers) if ref is not None else None
     return model, tok, ref, engine, gen_model, packed
 
 
