@@ -102,6 +102,8 @@ def check_config(cfg):
         bad(f"--log_groups {cfg.log_groups} must be >= 0 and --log_mb {cfg.log_mb} >= 1")
     if cfg.kv_cache_mb < 1 or not 0 <= cfg.gpu_memory_utilization < 1:
         bad("--kv_cache_mb must be >= 1 and --gpu_memory_utilization in [0, 1)")
+    if cfg.logp_every < 1:
+        bad(f"--logp_every {cfg.logp_every} must be >= 1 (1 = rollout log-probs for every sample)")
     if cfg.device == "cuda" and not torch.cuda.is_available():
         bad("--device cuda but no GPU is visible; use --device cpu")
     if cfg.eval_only and cfg.model == "tiny":

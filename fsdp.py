@@ -248,7 +248,9 @@ def full_parameters(model):
 
 
 # ---- checkpoints: one resumable checkpoint (sharded) + HF export ----
-RESUME_FREE = {"resume", "iterations", "eval_every", "time_limit", "threads", "env_workers", "wandb", "device", "out_dir"}
+# flags a resumed run may change: none changes what is trained (logp_every: which samples logp_gap is measured on)
+RESUME_FREE = {"resume", "iterations", "eval_every", "time_limit", "threads", "env_workers", "wandb", "device", "out_dir",
+               "logp_every"}
 
 
 def _swap_in(tmp, final):

@@ -174,10 +174,11 @@ def training_metrics(samples, trained, episodes, n_dead, adv, old):
     """The iteration's training numbers (README, "Metrics"). Summed over all ranks, then divided:
     episodes won, their returns and lengths, episodes, episode groups and those that won every
     episode, step samples (collected), valid ones, |rollout - training log-prob| over the trained
-    response tokens (old: the training model's; DAPO's dynamic sampling may leave none) and their
-    count, episodes lost to dead workers. The token means (of the collected samples) and adv_abs (of
-    the trained ones) are this rank's."""
-    gap = torch.cat([torch.zeros(0)] + [(o - torch.tensor(s.logprobs)).abs() for o, s in zip(old, trained)])
+    response tokens that have rollout log-probs (old: the training model's; DAPO's dynamic sampling
+    may leave none) and their count, episodes lost to dead workers. The token means (of the
+    collected samples) and adv_abs (of the trained ones) are this rank's."""
+    gap = torch.cat([torch.zeros(0)] + [(o - torch.tensor(s.logprobs)).abs() for o, s in zip(old, trained)
+                                        if s.logprobs is not None])   # vLLM: one sample in --logp_every
     lost = {e["group"] for e in episodes if not e["won"]}
     groups = {e["group"] for e in episodes}
     sums = {"won": sum(e["won"] for e in episodes), "return": sum(e["return"] for e in episodes),

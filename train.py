@@ -77,6 +77,7 @@ class Config:
     kv_cache_mb: int = 1024        # vLLM on CPU (or GPU with --gpu_memory_utilization 0): KV cache size, MiB
     gpu_memory_utilization: float = 0.3  # vLLM on GPU: share of GPU memory it takes (weights + KV cache);
                                    # 0 = a fixed --kv_cache_mb cache, no start-up profiling (runs sharing a GPU)
+    logp_every: int = 8            # vLLM: rollout log-probs for one sample in N, logp_gap's mean; 1 = all (--tis_cap > 0: all)
     # algorithm (gigpo.py)
     algo: str = "gigpo"            # gigpo | grpo | rloo | ppo (a learned critic) | reinforce_pp (gigpo.ALGOS)
     gamma: float = 0.95            # discount of step returns (paper: 0.95)
@@ -282,7 +283,8 @@ def evaluate_only(cfg, rank, device, eval_envs, prompt):
     """--eval_only: load --model, evaluate it as a run would (rank 0), print the result -> the headline."""
     model, tok = load_model(cfg, device)
     engine = make_engine(cfg.engine, model, tok, kv_cache_mb=cfg.kv_cache_mb,
-                         gpu_memory_utilization=cfg.gpu_memory_utilization, compile=compiled(cfg, device))
+                         gpu_memory_utilization=cfg.gpu_memory_utilization, compile=compiled(cfg, device),
+                         logp_every=cfg.logp_every)
     rates = evaluate(tok, cfg, eval_envs, prompt, engine) if rank == 0 else None
     if rank == 0:
         print(f"eval-only success {rates and success_text(rates)} ({eval_what(cfg)}; model {cfg.model}, "
@@ -329,7 +331,7 @@ def build_policy(cfg, device, world, print0):
     copy_dtype = (torch.bfloat16 if device.type == "cuda" else torch.float32) if distributed else None
     engine = make_engine(cfg.engine, model, tok, kv_cache_mb=cfg.kv_cache_mb,
                          gpu_memory_utilization=cfg.gpu_memory_utilization, copy_dtype=copy_dtype,
-                         compile=compiled(cfg, device))
+                         compile=compiled(cfg, device), logp_every=1 if cfg.tis_cap > 0 else cfg.logp_every)
     gen_model = engine.model if isinstance(engine, HFEngine) and engine.owns else None
     if cfg.lora_rank:   # after the engine is built from the plain model; the KL reference = adapters off
         model = add_lora(model, cfg.lora_rank)

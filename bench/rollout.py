@@ -6,7 +6,8 @@
     python -m bench.rollout --gpu --compile 0 --gap 0  # vLLM not compiled, CUDA graphs for decode only
 
 --gpu: SmolLM2-135M-Instruct in bfloat16 on CUDA, the chat prompt, 32 groups x 8 envs, both engines
-as train.py builds them there by default (vLLM compiled, with CUDA graphs; transformers eager); then
+as train.py builds them there by default (vLLM compiled, with CUDA graphs, rollout log-probs for one
+sample in --logp_every 8; transformers eager, log-probs for all); then
 where the logp_gap comes from: one sampled vLLM rollout is scored by the trainer's code path
 (ppo.logprobs) in float32 and in bfloat16 (packed varlen rows, as FSDP2 computes them, and
 left-padded SDPA rows), and each pair of the four log-prob sets (vLLM's own and those three) is
@@ -31,12 +32,14 @@ from memory import make_memory
 from prompts import prompt_module
 from rollout import HFEngine, VLLMEngine, rollout
 from smollm2 import load as smollm2
+from train import Config
 
 
 def bench(name, model, tok, n_groups, group_size, max_tokens, rounds, kv_cache_mb, chat=False, gap=False, **vllm_kw):
     """One row per engine: the mean over `rounds` of one full rollout each. vllm_kw: VLLMEngine's."""
     t0 = time.perf_counter()
-    vllm = VLLMEngine(model, tok.eos_token_id, kv_cache_mb, gpu_memory_utilization=0.3, **vllm_kw)
+    vllm = VLLMEngine(model, tok.eos_token_id, kv_cache_mb, gpu_memory_utilization=0.3,
+                      logp_every=Config.logp_every, **vllm_kw)   # as train.py builds it
     print(f"{name}: vLLM engine started in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
     engines = {"transformers": HFEngine(model, tok), "vllm": vllm}
     envs, prompt = GroupedEnvs("treasure", n_groups, group_size), prompt_module("treasure", chat=chat)
@@ -54,6 +57,7 @@ def bench(name, model, tok, n_groups, group_size, max_tokens, rounds, kv_cache_m
             s["samples"] += len(samples)
             s["tokens"] += sum(len(x.response_ids) for x in samples)
     if gap:
+        vllm.logp_every = 1   # every sample's rollout log-probs, for the report
         memories = [make_memory("none") for _ in range(envs.n)]
         samples, _, _ = rollout(envs, vllm, tok, prompt, memories, list(range(n_groups)), 1.0, 1.0, max_tokens)
         logp_gap_report(model, samples)
@@ -73,7 +77,6 @@ def logp_gap_report(model, samples):
     import copy
     import fsdp
     from ppo import logprobs
-    from train import Config
     cfg = Config(micro_batch_tokens=16384)
     sets = {"vllm (bf16)": [torch.tensor(s.logprobs) for s in samples]}
     for name, dtype, attn in [("trainer fp32", torch.float32, "sdpa"), ("trainer bf16 packed", torch.bfloat16,

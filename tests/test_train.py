@@ -65,6 +65,7 @@ def test_bad_input_is_one_line_before_work(args, words):
     (["--dual_clip", "0.5"], "--dual_clip"),
     (["--eval_temperature", "-1"], "--eval_temperature"),
     (["--tis_cap", "-1"], "--tis_cap"),
+    (["--logp_every", "0"], "--logp_every"),
     (["--gae_lambda", "1.5"], "--gae_lambda"),
     (["--clip_high", "-0.1"], "--clip_high"),
     (["--vf_clip", "-1"], "--vf_clip"),

@@ -3,6 +3,7 @@
 vLLM allows one live engine per process here, so the module shares one (on its own model, which
 the tests train); bad input is checked through train.py in a subprocess, as a user meets it.
 """
+import json
 import os
 import random
 import subprocess
@@ -106,6 +107,22 @@ def test_token_ids_in_and_out_never_retokenised(setup):
     assert all(len(lps) == len(ids) for ids, lps in ours)
 
 
+def test_logp_every_asks_for_one_prompt_in_n(setup):
+    """logp_every 4: log-probs for prompts 0, 4, 8, ... of a call, None for the others; those given
+    are the greedy log-probs the transformers engine computes."""
+    model, tok, engine = setup
+    prompts = treasure_prompts(tok)
+    engine.logp_every = 4
+    try:
+        ours = engine.generate(prompts, temperature=0, max_tokens=4)
+    finally:
+        engine.logp_every = 1
+    ref = HFEngine(model, tok).generate(prompts, temperature=0, max_tokens=4)
+    assert [i for i, (_, lps) in enumerate(ours) if lps is not None] == list(range(0, len(prompts), 4))
+    assert [ids for ids, _ in ours] == [ids for ids, _ in ref]
+    assert max(abs(a - b) for (_, la), (_, lb) in zip(ours, ref) if la is not None for a, b in zip(la, lb)) < 1e-4
+
+
 def run_train(*flags, auto_hf_below=None):
     """train.py for one small iteration; auto_hf_below: rollout.AUTO_HF_ON_CPU for this run (0: auto
     tries vLLM for the tiny model too)."""
@@ -131,3 +148,13 @@ def test_bad_input_is_one_line_never_a_hang():
     assert r.returncode != 0
     last = r.stderr.strip().splitlines()[-1]
     assert last.startswith("error: --engine vllm: KV cache too small") and "--kv_cache_mb" in last
+
+
+def test_train_with_vllm_logp_every_and_tis(tmp_path):
+    """train.py on the vLLM engine: logp_gap from one sample in --logp_every (the default 8 here), and
+    --tis_cap, which weighs every token by its rollout log-prob, gets them for every sample."""
+    for flags in ([], ["--tis_cap", "2", "--logp_every", "4"]):
+        r = run_train("--engine", "vllm", "--out_dir", str(tmp_path / str(len(flags))), *flags)
+        assert r.returncode == 0, r.stderr[-2000:]
+        m = json.loads((tmp_path / str(len(flags)) / "metrics.jsonl").read_text().splitlines()[-1])
+        assert 0 <= m["logp_gap"] < 1e-4 and ("tis_weight" in m) == bool(flags)
