@@ -202,9 +202,9 @@ class VLLMEngine:
     def generate(self, prompts, temperature=1.0, top_p=1.0, max_tokens=16):
         base = dict(temperature=temperature, top_p=top_p, max_tokens=max_tokens, stop_token_ids=[self.eos],
                     detokenize=False)
-        with_lp = self.SamplingParams(**base, logprobs=0, flat_logprobs=True)
+        with_lp, bare = self.SamplingParams(**base, logprobs=0, flat_logprobs=True), self.SamplingParams(**base)
         params = with_lp if self.logp_every == 1 else \
-            [with_lp if i % self.logp_every == 0 else self.SamplingParams(**base) for i in range(len(prompts))]
+            [with_lp if i % self.logp_every == 0 else bare for i in range(len(prompts))]
         with self._threads():
             outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
         results = []
