@@ -157,4 +157,4 @@ def test_train_with_vllm_logp_every_and_tis(tmp_path):
         r = run_train("--engine", "vllm", "--out_dir", str(tmp_path / str(len(flags))), *flags)
         assert r.returncode == 0, r.stderr[-2000:]
         m = json.loads((tmp_path / str(len(flags)) / "metrics.jsonl").read_text().splitlines()[-1])
-        assert 0 <= m["logp_gap"] < 1e-4 and ("tis_weight" in m) == bool(flags)
+        assert 0 < m["logp_gap"] < 1e-4 and ("tis_weight" in m) == bool(flags)   # 0: no log-probs came
