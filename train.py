@@ -77,7 +77,7 @@ class Config:
     kv_cache_mb: int = 1024        # vLLM on CPU (or GPU with --gpu_memory_utilization 0): KV cache size, MiB
     gpu_memory_utilization: float = 0.3  # vLLM on GPU: share of GPU memory it takes (weights + KV cache);
                                    # 0 = a fixed --kv_cache_mb cache, no start-up profiling (runs sharing a GPU)
-    logp_every: int = 8            # vLLM: rollout log-probs for one sample in N, logp_gap's mean; 1 = all (--tis_cap > 0: all)
+    logp_every: int = 8            # vLLM: rollout log-probs for 1 sample in N (logp_gap's); 1 = all, as --tis_cap gets
     # algorithm (gigpo.py)
     algo: str = "gigpo"            # gigpo | grpo | rloo | ppo (a learned critic) | reinforce_pp (gigpo.ALGOS)
     gamma: float = 0.95            # discount of step returns (paper: 0.95)
@@ -284,7 +284,7 @@ def evaluate_only(cfg, rank, device, eval_envs, prompt):
     model, tok = load_model(cfg, device)
     engine = make_engine(cfg.engine, model, tok, kv_cache_mb=cfg.kv_cache_mb,
                          gpu_memory_utilization=cfg.gpu_memory_utilization, compile=compiled(cfg, device),
-                         logp_every=cfg.logp_every)
+                         logp_every=cfg.logp_every)   # evaluation reads none: as few as a run asks for
     rates = evaluate(tok, cfg, eval_envs, prompt, engine) if rank == 0 else None
     if rank == 0:
         print(f"eval-only success {rates and success_text(rates)} ({eval_what(cfg)}; model {cfg.model}, "

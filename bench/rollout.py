@@ -14,6 +14,9 @@ left-padded SDPA rows), and each pair of the four log-prob sets (vLLM's own and 
 compared, mean |difference| per response token.
 SmolLM2-135M-Instruct comes from smollm2.py (its PyPI wheel, dequantised to float32).
 
+A third row is the same vLLM engine asked for every sample's rollout log-probs (`--logp_every 1`,
+what `--tis_cap` gets): what train.py's default of one in 8 saves.
+
 Each round plays one full batch of treasure episodes per engine, interleaved (hf, vllm, hf, ...) so
 drift in the machine's load hits both alike; both engines see the same env seeds and the same torch
 seed. Prints markdown tables: step samples/s (samples / whole rollout time, env and prompts included)
@@ -35,13 +38,27 @@ from smollm2 import load as smollm2
 from train import Config
 
 
+class AllLogprobs:
+    """The same vLLM engine asking for every sample's rollout log-probs (--logp_every 1, as --tis_cap does)."""
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def generate(self, *args, **kw):
+        self.engine.logp_every = 1
+        try:
+            return self.engine.generate(*args, **kw)
+        finally:
+            self.engine.logp_every = Config.logp_every
+
+
 def bench(name, model, tok, n_groups, group_size, max_tokens, rounds, kv_cache_mb, chat=False, gap=False, **vllm_kw):
     """One row per engine: the mean over `rounds` of one full rollout each. vllm_kw: VLLMEngine's."""
     t0 = time.perf_counter()
     vllm = VLLMEngine(model, tok.eos_token_id, kv_cache_mb, gpu_memory_utilization=0.3,
                       logp_every=Config.logp_every, **vllm_kw)   # as train.py builds it
     print(f"{name}: vLLM engine started in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
-    engines = {"transformers": HFEngine(model, tok), "vllm": vllm}
+    engines = {"transformers": HFEngine(model, tok), "vllm": vllm, "vllm, log-probs for all": AllLogprobs(vllm)}
     envs, prompt = GroupedEnvs("treasure", n_groups, group_size), prompt_module("treasure", chat=chat)
     stats = {k: {"samples": 0, "tokens": 0, "time": 0.0, "gen": 0.0} for k in engines}
     for r in range(rounds):
@@ -57,9 +74,8 @@ def bench(name, model, tok, n_groups, group_size, max_tokens, rounds, kv_cache_m
             s["samples"] += len(samples)
             s["tokens"] += sum(len(x.response_ids) for x in samples)
     if gap:
-        vllm.logp_every = 1   # every sample's rollout log-probs, for the report
-        memories = [make_memory("none") for _ in range(envs.n)]
-        samples, _, _ = rollout(envs, vllm, tok, prompt, memories, list(range(n_groups)), 1.0, 1.0, max_tokens)
+        memories = [make_memory("none") for _ in range(envs.n)]   # every sample's log-probs, for the report
+        samples, _, _ = rollout(envs, AllLogprobs(vllm), tok, prompt, memories, list(range(n_groups)), 1.0, 1.0, max_tokens)
         logp_gap_report(model, samples)
     envs.close()
     rows = []
