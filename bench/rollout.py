@@ -45,11 +45,11 @@ class AllLogprobs:
         self.engine = engine
 
     def generate(self, *args, **kw):
-        self.engine.logp_every = 1
+        before, self.engine.logp_every = self.engine.logp_every, 1
         try:
             return self.engine.generate(*args, **kw)
         finally:
-            self.engine.logp_every = Config.logp_every
+            self.engine.logp_every = before
 
 
 def bench(name, model, tok, n_groups, group_size, max_tokens, rounds, kv_cache_mb, chat=False, gap=False, **vllm_kw):
