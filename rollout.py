@@ -124,7 +124,7 @@ class VLLMEngine:
     an H200 died of it).
     Rollout log-probs come for one prompt in `logp_every` of each generate call (positions 0, N, 2N,
     ...; the others get None): vLLM's per-token log-prob bookkeeping is Python work on every step
-    (`python -m bench.rollout --gpu` on an H100: one in 8 made 1.10x the tokens/s of all).
+    (`python -m bench.rollout --gpu`, six runs on H100s: one in 8 made 1.06x the tokens/s of all).
     """
 
     def __init__(self, model, eos_id, kv_cache_mb, gpu_memory_utilization, sleep=None, compile=False,
