@@ -23,6 +23,7 @@ seed. Prints markdown tables: step samples/s (samples / whole rollout time, env 
 and generated tokens/s (response tokens / generation time), mean over rounds.
 """
 import argparse
+import copy
 import gc
 import os
 import sys
@@ -38,27 +39,15 @@ from smollm2 import load as smollm2
 from train import Config
 
 
-class AllLogprobs:
-    """The same vLLM engine asking for every sample's rollout log-probs (--logp_every 1, as --tis_cap does)."""
-
-    def __init__(self, engine):
-        self.engine = engine
-
-    def generate(self, *args, **kw):
-        before, self.engine.logp_every = self.engine.logp_every, 1
-        try:
-            return self.engine.generate(*args, **kw)
-        finally:
-            self.engine.logp_every = before
-
-
 def bench(name, model, tok, n_groups, group_size, max_tokens, rounds, kv_cache_mb, chat=False, gap=False, **vllm_kw):
     """One row per engine: the mean over `rounds` of one full rollout each. vllm_kw: VLLMEngine's."""
     t0 = time.perf_counter()
     vllm = VLLMEngine(model, tok.eos_token_id, kv_cache_mb, gpu_memory_utilization=0.3,
                       logp_every=Config.logp_every, **vllm_kw)   # as train.py builds it
     print(f"{name}: vLLM engine started in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
-    engines = {"transformers": HFEngine(model, tok), "vllm": vllm, "vllm, log-probs for all": AllLogprobs(vllm)}
+    all_lp = copy.copy(vllm)   # the same vLLM instance, asking for every sample's log-probs (as --tis_cap does)
+    all_lp.logp_every = 1
+    engines = {"transformers": HFEngine(model, tok), "vllm": vllm, "vllm, log-probs for all": all_lp}
     envs, prompt = GroupedEnvs("treasure", n_groups, group_size), prompt_module("treasure", chat=chat)
     stats = {k: {"samples": 0, "tokens": 0, "time": 0.0, "gen": 0.0} for k in engines}
     for r in range(rounds):
@@ -75,14 +64,14 @@ def bench(name, model, tok, n_groups, group_size, max_tokens, rounds, kv_cache_m
             s["tokens"] += sum(len(x.response_ids) for x in samples)
     if gap:
         memories = [make_memory("none") for _ in range(envs.n)]   # every sample's log-probs, for the report
-        samples, _, _ = rollout(envs, AllLogprobs(vllm), tok, prompt, memories, list(range(n_groups)), 1.0, 1.0, max_tokens)
+        samples, _, _ = rollout(envs, all_lp, tok, prompt, memories, list(range(n_groups)), 1.0, 1.0, max_tokens)
         logp_gap_report(model, samples)
     envs.close()
     rows = []
     for kind, s in stats.items():
         rows.append(f"| {name} | {kind} | {s['samples'] / rounds:.0f} | {s['time'] / rounds:.2f} | "
                     f"{s['samples'] / s['time']:.0f} | {s['tokens'] / s['gen']:.0f} |")
-    del engines, vllm
+    del engines, vllm, all_lp
     gc.collect()   # one live vLLM engine per process: the next one starts after this one is gone
     return rows
 
