@@ -17,7 +17,7 @@ from evaluate import eval_plan
 from fsdp import fail, first_line
 from memory import MEMORIES
 from prompts import prompt_module
-from rollout import ENGINES
+from engine import ENGINES
 
 DEVICES = ("auto", "cpu", "cuda")
 

@@ -71,7 +71,8 @@ def evaluate(tok, cfg, envs, prompt, engine, on_samples=None, iteration=None):
         set_envs = eval_envs_for(cfg, envs, kwargs, seeds)
         memories = [make_memory(cfg.memory, cfg.memory_k or None) for _ in range(set_envs.n)]
         samples, episodes, _ = rollout(set_envs, engine, tok, prompt, memories, seeds, cfg.eval_temperature,
-                                 1.0, cfg.max_response_tokens, desc=f"eval {name}" if kwargs else None)
+                                       1.0, cfg.max_response_tokens, desc=f"eval {name}" if kwargs else None,
+                                       overlap=cfg.overlap)
         if on_samples:   # records.py: a few whole episodes of each set go to disk
             on_samples(name, samples)
         games[name] = [None if e.get("worker_died") else int(e["won"]) for e in episodes]

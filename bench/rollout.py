@@ -34,7 +34,8 @@ import torch
 from envs import GroupedEnvs
 from memory import make_memory
 from prompts import prompt_module
-from rollout import HFEngine, VLLMEngine, rollout
+from engine import HFEngine, VLLMEngine
+from rollout import rollout
 from smollm2 import load as smollm2
 from train import Config
 

@@ -35,7 +35,8 @@ import torch
 import fsdp
 import ppo
 import train
-from rollout import HFEngine, Sample, sync_weights
+from engine import HFEngine
+from rollout import Sample
 
 SHAPES = {  # config fields of Qwen2.5-1.5B / 7B and SmolLM2-135M (a Llama), from their config.json
     "1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
@@ -149,10 +150,10 @@ def run(args, rank, world, device, log):
         model.zero_grad(set_to_none=True)
         with torch.device(device):
             engine = HFEngine(AutoModelForCausalLM.from_config(mcfg, dtype=torch.bfloat16), None)
-        engine.owns = True   # sync_weights copies into it, as into train.py's bf16 HF engine copy
+        engine.own_model = engine.model   # push_weights copies into it, as into train.py's bf16 HF engine copy
         sync()
         t0 = time.perf_counter()
-        sync_weights(engine, fsdp.full_parameters(model))
+        engine.push_weights(fsdp.full_parameters(model))
         sync()
         result["gather_s"] = time.perf_counter() - t0
         log(f"\nweight gather (FSDP2 full tensor per parameter) + load into a bf16 HF engine copy: "

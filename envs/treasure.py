@@ -124,7 +124,8 @@ def action_table(model_dir, size=5, max_tokens=None):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from prompts import prompt_module
-    from rollout import HFEngine, render_prompts
+    from engine import HFEngine
+    from rollout import render_prompts
     device = "cuda" if torch.cuda.is_available() else "cpu"
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16 if device == "cuda" else None)

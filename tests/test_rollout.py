@@ -1,4 +1,5 @@
 import copy
+import os
 
 import pytest
 import torch
@@ -6,7 +7,8 @@ import torch
 from envs import GroupedEnvs
 from memory import make_memory
 from prompts import prompt_module
-from rollout import HFEngine, render_prompts, rollout
+from engine import Engine, HFEngine
+from rollout import render_prompts, rollout
 from ppo import logprobs
 from train import Config
 
@@ -81,7 +83,7 @@ def test_sampled_logprobs_match_training_recompute(tiny_model):
     assert gap < 1e-4, f"mean |logp_rollout - logp_train| = {gap}"
 
 
-class ScriptedEngine:
+class ScriptedEngine(Engine):
     """Returns fixed token ids: lets a test see exactly what the rollout records."""
 
     def __init__(self, tok, script):
@@ -123,7 +125,7 @@ def test_vllm_that_cannot_wake_is_one_line():
     """A 1.5B update on one H200 once left vLLM no memory to wake into: vLLM's out-of-memory
     traceback becomes one line naming the knobs; other errors stay as they are; an engine that
     never sleeps (CPU, or a fixed KV cache) does nothing."""
-    from rollout import VLLMEngine
+    from engine import VLLMEngine
 
     class LLM:
         def __init__(self, error):
@@ -143,3 +145,94 @@ def test_vllm_that_cannot_wake_is_one_line():
         engine.wake()
     engine.sleeps = False
     engine.wake()
+
+
+class OneAtATime(Engine):
+    """Wraps an engine so that each poll returns one finished reply (the prompt submitted first), as
+    a continuously batching engine does when replies end at different steps: under --overlap the
+    rollout must then step envs while others still wait for the engine."""
+
+    def __init__(self, engine):
+        self.engine, self.max_len, self.done, self.polls = engine, engine.max_len, [], 0
+
+    def poll(self, wait_all=False):
+        self.polls += 1
+        self.done += super().poll()   # every queued prompt, generated in one batch by the inner engine
+        if wait_all:
+            out, self.done = self.done, []
+            return out
+        return [self.done.pop(0)]
+
+    @property
+    def pending(self):
+        return len(self.queue) + len(self.done)
+
+    def generate(self, prompts, temperature=1.0, top_p=1.0, max_tokens=16):
+        return self.engine.generate(prompts, temperature, top_p, max_tokens)
+
+
+def play(model, tok, overlap, engine=None, workers=3, groups=3, kill=None):
+    envs = GroupedEnvs("treasure", groups, 2, workers=workers)
+    try:
+        mems = [make_memory("window") for _ in range(envs.n)]
+        engine = engine or HFEngine(model, tok)
+        if kill is not None:   # a worker that dies after the reset: the first step sent to it fails
+            import signal
+            reset = envs.reset
+            envs.reset = lambda seeds: (reset(seeds), os.kill(envs.procs[kill].pid, signal.SIGKILL))[0]
+        return rollout(envs, engine, tok, prompt_module("treasure"), mems, [11, 12, 13][:groups],
+                       temperature=0, top_p=1.0, max_tokens=2, overlap=overlap)
+    finally:
+        envs.close()
+
+
+def fields(samples):
+    return [(s.prompt_ids, s.response_ids, s.reward, s.done, s.valid, s.group, s.traj, s.anchor, s.step, s.action)
+            for s in samples]
+
+
+def test_overlapped_rollout_yields_the_lockstep_samples(tiny_model):
+    """--overlap: env workers step some envs while the engine generates for others; with the same
+    seeds the samples (ids, rewards, groups, anchors, order) and episodes are those of the lockstep
+    schedule, for the tiny model greedy and for an engine that finishes one reply per poll (so envs
+    really step between generations)."""
+    model, tok = tiny_model
+    lock, lock_eps, _ = play(model, tok, overlap=False)
+    assert len({s.step for s in lock}) > 1
+    for engine in (None, OneAtATime(HFEngine(model, tok))):
+        over, over_eps, timing = play(model, tok, overlap=True, engine=engine)
+        assert fields(over) == fields(lock)
+        assert all(abs(a - b) < 1e-5 for x, y in zip(over, lock) for a, b in zip(x.logprobs, y.logprobs))
+        assert over_eps == lock_eps and set(timing) == {"gen", "env", "other"}
+    assert engine.polls >= len(lock)   # one reply per poll: every sample was generated on its own
+
+
+def test_overlapped_rollout_survives_a_dead_worker(tiny_model):
+    """A worker killed mid-rollout under --overlap costs its envs' episodes (worker_died, cut short),
+    not the rollout: the other envs play to the end, as in the lockstep schedule."""
+    model, tok = tiny_model
+    whole, _, _ = play(model, tok, overlap=True, workers=2, groups=2)
+    samples, episodes, _ = play(model, tok, overlap=True, engine=OneAtATime(HFEngine(model, tok)), workers=2,
+                                groups=2, kill=0)
+    dead = [i for i, e in enumerate(episodes) if e["worker_died"]]
+    assert dead == [0, 1]   # worker 0 of 2 holds envs 0 and 1 of 4
+    assert all(e["length"] == 1 for e in episodes[:2])
+    alive = [s for s in whole if s.traj >= 2]
+    assert fields([s for s in samples if s.traj >= 2]) == fields(alive)
+
+
+def test_a_prompt_past_the_context_is_one_line(tiny_model):
+    """A step's prompt plus its reply longer than the model's context stops the run with one line that
+    names the flags that shorten it (it used to reach vLLM as a crash, or pass the tiny model's
+    positions silently)."""
+    model, tok = tiny_model
+    engine = HFEngine(model, tok)
+    assert engine.max_len == model.config.max_position_embeddings
+    engine.max_len = 40   # the treasure prompt with full history passes it by the second step
+    envs = GroupedEnvs("treasure", 1, 2)
+    with pytest.raises(SystemExit) as e:
+        rollout(envs, engine, tok, prompt_module("treasure"), [make_memory("full") for _ in range(2)], [3],
+                temperature=1.0, top_p=1.0, max_tokens=2)
+    msg = str(e.value)
+    assert msg.startswith("error: a step's prompt is") and "\n" not in msg
+    assert "--memory" in msg and "--max_response_tokens" in msg and "context of 40" in msg

@@ -4,6 +4,8 @@ import shutil
 import subprocess
 import sys
 
+import types
+
 import pytest
 import torch
 
@@ -94,14 +96,15 @@ def test_compile_auto_is_on_only_where_vllm_generates_on_a_gpu():
     """--compile auto (the default) compiles where every measurement was made (vLLM on a GPU, the FSDP
     update), not on CPU, with --engine hf or with LoRA; 1 / 0 (or true / false) force it."""
     import train
-    from rollout import HFEngine
+    from engine import HFEngine
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     on = lambda args, device, engine=None: train.compiled(train.parse_args(args), device, engine)
     assert train.Config().compile == "auto"
     assert on([], cuda) and on(["--engine", "vllm"], cuda) and not on([], cpu)
     assert not on(["--engine", "hf"], cuda) and not on(["--lora_rank", "8"], cuda)
     hf = HFEngine.__new__(HFEngine)   # what auto fell back to: its generate runs on the trainer's layers
-    assert on([], cuda, engine=object()) and not on([], cuda, engine=hf)
+    vllm = types.SimpleNamespace(shares_layers=False)   # an engine with its own copy of the weights
+    assert on([], cuda, engine=vllm) and not on([], cuda, engine=hf)
     assert on(["--compile", "1"], cpu) and on(["--compile", "true"], cpu, engine=hf)
     assert not on(["--compile", "0"], cuda) and not on(["--compile", "False"], cuda)
 
@@ -372,10 +375,10 @@ def test_dead_worker_episodes_are_neither_trained_on_nor_counted(tmp_path, monke
     from envs import GroupedEnvs
     from envs.treasure import TreasureHunt
     monkeypatch.setattr(TreasureHunt, "step", lambda self, a: (self._obs(), 1.0, True, False, self._info(True)))
-    real_step, real_update, trained = GroupedEnvs.step, train.update, []
+    real_receive, real_update, trained = GroupedEnvs.receive, train.update, []
 
-    def step(self, actions):
-        res = real_step(self, actions)
+    def receive(self, until="all"):
+        res = real_receive(self, until)
         if self.n == 4 and 0 in res:      # the training envs (the eval envs are 2 groups of 1)
             res[0] = self._truncated(0)   # what a dead worker's env returns
         return res
@@ -383,7 +386,7 @@ def test_dead_worker_episodes_are_neither_trained_on_nor_counted(tmp_path, monke
     def update(model, opt, sched, samples, *a, **k):
         trained.extend(s.traj for s in samples)
         return real_update(model, opt, sched, samples, *a, **k)
-    monkeypatch.setattr(GroupedEnvs, "step", step)
+    monkeypatch.setattr(GroupedEnvs, "receive", receive)
     monkeypatch.setattr(train, "update", update)
     train.main(["--iterations", "1", "--n_groups", "2", "--group_size", "2", "--eval_episodes", "2",
                 "--engine", "hf", "--out_dir", str(tmp_path)])

@@ -17,7 +17,8 @@ pytest.importorskip("vllm", reason="vllm is not installed (bash install.sh)")
 from envs import GroupedEnvs                                                       # noqa: E402
 from memory import make_memory                                                     # noqa: E402
 from prompts import prompt_module                                                  # noqa: E402
-from rollout import HFEngine, VLLMEngine, render_prompts, rollout, sync_weights    # noqa: E402
+from engine import HFEngine, VLLMEngine                                          # noqa: E402
+from rollout import render_prompts, rollout                                       # noqa: E402
 from tiny import build_tiny                                                        # noqa: E402
 from ppo import logprobs                                                           # noqa: E402
 from train import Config                                                           # noqa: E402
@@ -66,9 +67,9 @@ def test_greedy_equals_transformers_before_and_after_two_pushes(setup):
         if push:
             train_steps(model, tok)
             # push 1: a state_dict (lists the tied lm_head); push 2: named_parameters, as FSDP2 will
-            # gather them (no lm_head: sync_weights must fill it)
+            # gather them (no lm_head: push_weights must fill it)
             named = model.state_dict().items() if push == 1 else model.named_parameters()
-            sync_weights(engine, ((n, t.detach()) for n, t in named))
+            engine.push_weights(((n, t.detach()) for n, t in named))
         ours = engine.generate(prompts, temperature=0, max_tokens=5)
         ref = HFEngine(model, tok).generate(prompts, temperature=0, max_tokens=5)
         assert [ids for ids, _ in ours] == [ids for ids, _ in ref], f"after push {push}"
@@ -123,11 +124,36 @@ def test_logp_every_asks_for_one_prompt_in_n(setup):
     assert max(abs(a - b) for (_, la), (_, lb) in zip(ours, ref) if la is not None for a, b in zip(la, lb)) < 1e-4
 
 
+def test_submit_and_poll_stream_the_generate_results(setup):
+    """submit / poll (the overlapped rollout's path: prompts join vLLM's running batch one at a time,
+    each poll returns the replies that finished) give the greedy replies and log-probs of generate;
+    with logp_every 4, every 4th prompt submitted has log-probs."""
+    model, tok, engine = setup
+    prompts = treasure_prompts(tok)
+    ref = engine.generate(prompts, temperature=0, max_tokens=4)
+    engine.logp_every, got, polls, first, n = 4, {}, 0, engine.submitted, len(prompts)
+    try:
+        for k in range(10):
+            engine.submit(k, prompts[k], temperature=0, max_tokens=4)
+        while engine.pending:   # two more join the running batch after each poll
+            polls += 1
+            got |= {k: (ids, lps) for k, ids, lps in engine.poll()}
+            for k in range(8 + 2 * polls, min(10 + 2 * polls, n)):
+                engine.submit(k, prompts[k], temperature=0, max_tokens=4)
+    finally:
+        engine.logp_every = 1
+    assert sorted(got) == list(range(len(prompts))) and polls > 1
+    assert [got[k][0] for k in range(len(prompts))] == [ids for ids, _ in ref]
+    with_lp = [k for k in range(n) if got[k][1] is not None]
+    assert with_lp == [k for k in range(n) if (first + k) % 4 == 0]
+    assert max(abs(a - b) for k in with_lp for a, b in zip(got[k][1], ref[k][1])) < 1e-4
+
+
 def run_train(*flags, auto_hf_below=None):
-    """train.py for one small iteration; auto_hf_below: rollout.AUTO_HF_ON_CPU for this run (0: auto
+    """train.py for one small iteration; auto_hf_below: engine.AUTO_HF_ON_CPU for this run (0: auto
     tries vLLM for the tiny model too)."""
-    patch = "" if auto_hf_below is None else f"rollout.AUTO_HF_ON_CPU = {auto_hf_below}; "
-    return subprocess.run([sys.executable, "-c", f"import sys, rollout, train; {patch}train.main(sys.argv[1:])",
+    patch = "" if auto_hf_below is None else f"engine.AUTO_HF_ON_CPU = {auto_hf_below}; "
+    return subprocess.run([sys.executable, "-c", f"import sys, engine, train; {patch}train.main(sys.argv[1:])",
                            "--iterations", "1", "--n_groups", "2", "--eval_episodes", "4",
                            "--out_dir", "/tmp/gigpo-test-vllm", *flags],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
