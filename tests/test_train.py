@@ -575,6 +575,24 @@ def test_dynamic_sampling_keeps_an_all_won_group_only_for_gigpo(algo):
         assert (np.abs(adv[:3]).max() > 0) == (algo == "gigpo" and tied_step)   # group 0: A^S (+-0.025) or nothing
 
 
+@pytest.mark.parametrize("algo", ["ppo", "reinforce_pp"])
+def test_dynamic_sampling_keeps_tied_groups_of_the_batch_estimators(algo):
+    """ppo and reinforce_pp have no group baseline: a group whose scores tie (both walks won, both
+    lost) still gets non-zero advantages (discounted returns or GAE, whitened over the batch), so
+    --dynamic_sampling 1 must keep it; it drops a group only where its advantages are all 0."""
+    import numpy as np
+    import train
+    from rollout import Sample
+    walks = [(0, 0, [("s0", 1.0)]), (0, 1, [("s0", 0.0), ("s1", 1.0)]), (1, 2, [("t0", 0.0)]), (1, 3, [("t0", 0.0)])]
+    samples = [Sample([1], [2], [0.0], r, k == len(w) - 1, True, g, t, a, k)
+               for g, t, w in walks for k, (a, r) in enumerate(w)]
+    values = np.array([.5, .2, .6, .1, .3]) if algo == "ppo" else None
+    out = train.advantages(train.Config(algo=algo, dynamic_sampling=True), samples, 1, 0, values)
+    keep, stats = out[2], out[3]
+    assert keep.tolist() == [0, 1, 2, 3, 4] and stats["dropped_groups"] == 0
+    assert stats["zero_var_group_frac"] == 1.0   # both groups' scores do tie
+
+
 def test_dynamic_sampling_trains_on_the_groups_whose_scores_differ(tmp_path, monkeypatch):
     """--dynamic_sampling 1 (DAPO): the update sees exactly the samples of the groups whose episode
     scores differ, dropped_groups counts the others; when every group ties nothing trains (the weights
