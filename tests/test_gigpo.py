@@ -253,7 +253,8 @@ def test_reinforce_pp_is_global_not_per_group():
     # one-step trajectories a, b (group 0) return 2, 0 ; c, d (group 1) return 4, 2
     # global mean 2: deviations 0, -2, 2, 0, var 8/3, std 1.632993 -> 0, -1.224745, 1.224745, 0
     # (a group baseline would give 1, -1, 1, -1)
-    out = A([2, 0, 4, 2], ["a", "b", "c", "d"], [0, 0, 1, 1], ["s"] * 4, [1] * 4, algo="reinforce_pp", gamma=0.5)
+    out = A([2, 0, 4, 2], ["a", "b", "c", "d"], [0, 0, 1, 1], ["s"] * 4, [1] * 4,
+            algo="reinforce_pp", gamma=0.5)
     close(out, [0, -1.224745, 1.224745, 0])
 
 
