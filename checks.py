@@ -16,6 +16,7 @@ from envs import ENVS, make_env, parse_env_args
 from evaluate import eval_plan
 from fsdp import fail, first_line
 from memory import MEMORIES
+from ppo import LOSSES
 from prompts import prompt_module
 from engine import ENGINES
 
@@ -31,7 +32,7 @@ def check_config(cfg):
         if isinstance(value, float) and not math.isfinite(value):
             bad(f"--{f.name} {value}: must be a finite number")
     for flag, names in (("env", ENVS), ("memory", MEMORIES), ("algo", gigpo.ALGOS), ("norm", gigpo.NORMS),
-                        ("stats", gigpo.STATS), ("loss", gigpo.LOSSES), ("engine", ENGINES), ("device", DEVICES),
+                        ("stats", gigpo.STATS), ("loss", LOSSES), ("engine", ENGINES), ("device", DEVICES),
                         ("compile", ("auto", "1", "0"))):
         if getattr(cfg, flag) not in names:
             bad(f"unknown {flag} {getattr(cfg, flag)!r}: use --{flag} with one of {', '.join(names)}")

@@ -1,5 +1,6 @@
-"""The PPO-style update of train.py: token-budget micro-batches, response log-probs, the clipped step,
-and --algo ppo's learned critic (Critic, state_values).
+"""The PPO-style update of train.py: the torch losses (the clipped surrogate, GSPO's sequence ratio,
+the critic's clipped value loss, truncated importance weights, k3 KL), token-budget micro-batches,
+response log-probs, the clipped step, and --algo ppo's learned critic (Critic, state_values).
 
 Each step sample is (prompt ids, response ids); only response tokens are scored and trained. Micro-
 batches hold at most `micro_batch_tokens` tokens: left-padded rows (SDPA) or one packed row (varlen
@@ -11,8 +12,143 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-import gigpo
 from fsdp import all_reduce, dist_on
+
+LOSSES = ("ppo", "gspo")   # token ratio (policy_loss) | sequence ratio (gspo_loss): --loss
+
+
+# ---- the losses (PPO, Schulman et al. 2017, arXiv 1707.06347; DAPO, Yu et al. 2025, arXiv 2503.14476;
+# GSPO, Zheng et al. 2025, arXiv 2507.18071), on (B, T) token tensors ----
+def masked_mean(x, mask, count=None):
+    """sum(x * mask) / count, count defaulting to mask.sum() (clamped to >= 1,
+    so an all-zero mask gives 0, not NaN). x, mask: same shape; returns a 0-d tensor."""
+    mask = mask.to(x.dtype)
+    if count is None:
+        count = mask.sum().clamp(min=1.0)
+    return (x * mask).sum() / count
+
+
+def policy_loss(logp, old_logp, adv, mask, clip=0.2, dual_clip=3.0, token_count=None, weights=None,
+                clip_high=None):
+    """PPO clipped surrogate with dual clip, token-mean (paper's objective, Sec. 4.2):
+
+      ratio = exp(logp - old_logp)        (log-ratio clamped to [-20, 20])
+      pg    = max(-A * ratio, -A * clip(ratio, 1 - clip, 1 + clip_high))
+      pg    = min(pg, -A * dual_clip)      where A < 0 (dual_clip None: off)
+      loss  = sum(w * pg * mask) / token_count (default mask.sum())
+
+    clip_high (None: = clip): DAPO's clip-higher (Yu et al. 2025, arXiv 2503.14476, eq. 10; DAPO:
+    clip 0.2, clip_high 0.28), more room for a low-probability token's ratio to rise. The mean over
+    all tokens of the mini-batch is DAPO's token-level aggregation (its eq. 12), this code's default.
+    w: per-token weights (e.g. tis_weights), 1 by default.
+
+    logp, old_logp, mask: (B, T); adv: (B,) broadcast over tokens, or (B, T).
+    Pass a global token_count so that micro-batch losses add up to the
+    mini-batch token mean. Returns (loss, stats) with stats detached 0-d
+    tensors over this call's tokens: clip_frac (clipped term is the active
+    one), dual_clip_frac, approx_kl = mean(old_logp - logp).
+    """
+    if dual_clip is not None and dual_clip <= 1.0:
+        raise ValueError(f"dual_clip must be > 1 or None, got {dual_clip}")
+    adv = torch.as_tensor(adv, dtype=logp.dtype, device=logp.device)
+    if adv.dim() == 1:
+        adv = adv.unsqueeze(-1)
+    log_ratio = (logp - old_logp).clamp(-20.0, 20.0)
+    ratio = torch.exp(log_ratio)
+    pg_plain = -adv * ratio
+    pg_clip = -adv * ratio.clamp(1.0 - clip, 1.0 + (clip if clip_high is None else clip_high))
+    pg = torch.maximum(pg_plain, pg_clip)
+    dual = torch.zeros_like(pg, dtype=torch.bool)
+    if dual_clip is not None:
+        cap = -adv * dual_clip
+        dual = (adv < 0) & (pg > cap)
+        pg = torch.where(dual, cap.expand_as(pg), pg)
+    loss = masked_mean(pg if weights is None else weights * pg, mask, token_count)
+    with torch.no_grad():
+        stats = {
+            "clip_frac": masked_mean((pg_clip > pg_plain).to(logp.dtype), mask),
+            "dual_clip_frac": masked_mean(dual.to(logp.dtype), mask),
+            "approx_kl": masked_mean(old_logp - logp, mask),
+        }
+    return loss, {k: v.detach() for k, v in stats.items()}
+
+
+def gspo_loss(logp, old_logp, adv, mask, clip=3e-4, clip_high=4e-4, seq_count=None):
+    """GSPO's sequence-level clipped objective (Zheng et al. 2025, arXiv 2507.18071, eqs. 5-7):
+
+      s_i  = exp(sum_t mask * (logp - old_logp) / |y_i|)      (log-ratio clamped to [-20, 20])
+      pg_i = max(-A_i * s_i, -A_i * clip(s_i, 1 - clip, 1 + clip_high))
+      loss = sum_i pg_i / seq_count   (default: the rows with at least one token)
+
+    One importance ratio per response, the geometric mean of its token ratios, clipped as a whole
+    (a sequence is in or out). Its ranges are small since s_i is length-normalised (paper: 3e-4 and
+    4e-4). A mean over sequences (GSPO's 1/G sum_i; the same as a token mean for one-token replies).
+    No dual clip, no per-token weights. logp, old_logp, mask: (B, T); adv: (B,). Pass a global
+    seq_count so that micro-batch losses add up to the mini-batch mean. Returns (loss, stats): detached
+    clip_frac (share of sequences whose clipped term is active) and approx_kl (token mean of old - new).
+    """
+    adv = torch.as_tensor(adv, dtype=logp.dtype, device=logp.device).reshape(-1)
+    m = mask.to(logp.dtype)
+    n_tok = m.sum(-1)                                                       # (B,)
+    log_s = (((logp - old_logp) * m).sum(-1) / n_tok.clamp(min=1.0)).clamp(-20.0, 20.0)
+    s = torch.exp(log_s)                                                    # (B,)
+    pg_plain, pg_clip = -adv * s, -adv * s.clamp(1.0 - clip, 1.0 + clip_high)
+    pg = torch.maximum(pg_plain, pg_clip)
+    rows = (n_tok > 0).to(logp.dtype)
+    loss = masked_mean(pg, rows, seq_count)
+    with torch.no_grad():
+        stats = {"clip_frac": masked_mean((pg_clip > pg_plain).to(logp.dtype), rows),
+                 "approx_kl": masked_mean(old_logp - logp, mask)}
+    return loss, {k: v.detach() for k, v in stats.items()}
+
+
+def value_loss(values, old_values, returns, clip=0.5, count=None):
+    """PPO's clipped value loss (Schulman et al. 2017, eq. 9, L^VF; clipped around the old value
+    as in OpenAI baselines and verl's compute_value_loss):
+
+      V_clip = V_old + clip(V - V_old, -clip, clip)
+      loss   = 0.5 * sum_i max((V_i - R_i)^2, (V_clip,i - R_i)^2) / count   (default B)
+
+    values (with grad), old_values (the critic's before this update), returns (value_targets): (B,).
+    clip None or 0: the plain 0.5 (V - R)^2. Pass a global count so that micro-batch losses add up
+    to the mini-batch mean. Returns (loss, clip_frac: detached share of samples where the clipped
+    term is the larger one).
+    """
+    old_values = torch.as_tensor(old_values, dtype=values.dtype, device=values.device)
+    returns = torch.as_tensor(returns, dtype=values.dtype, device=values.device)
+    n = count or max(len(values), 1)
+    plain = (values - returns) ** 2
+    if not clip:
+        return 0.5 * plain.sum() / n, torch.zeros((), dtype=values.dtype, device=values.device)
+    clipped = (old_values + (values - old_values).clamp(-clip, clip) - returns) ** 2
+    frac = masked_mean((clipped > plain).to(values.dtype), torch.ones_like(plain)).detach()
+    return 0.5 * torch.maximum(plain, clipped).sum() / n, frac
+
+
+def tis_weights(old_logp, rollout_logp, cap):
+    """Truncated importance sampling (Yao et al. 2025, "off-policy" rollouts of a fast engine):
+
+      w = min(exp(old_logp - rollout_logp), cap)      per token, no gradient
+
+    The engine samples from pi_rollout, which differs from the trainer's pi_old by kernel and
+    precision noise (logp_gap); multiplying each token's policy-gradient term by w corrects the
+    mismatch, and the cap bounds the variance a rare large ratio would add. Returns (w, share of
+    tokens where the cap bit)."""
+    ratio = torch.exp((old_logp - rollout_logp).clamp(-20.0, 20.0))
+    return ratio.clamp(max=cap).detach(), (ratio > cap).float().mean()
+
+
+def kl_k3(logp, ref_logp):
+    """Per-token k3 ("low_var_kl") estimate of KL(pi || pi_ref):
+
+      d = clamp(ref_logp - logp, -20, 20);  k3 = clamp(exp(d) - d - 1, -10, 10)
+
+    Same shape as the inputs; always >= 0 (exp(d) >= 1 + d).
+    """
+    d = (ref_logp - logp).clamp(-20.0, 20.0)
+    return (torch.exp(d) - d - 1.0).clamp(-10.0, 10.0)
+
+
 
 
 # ---- micro-batches: token budget; left-padded rows (SDPA) or one packed row (flash-attn varlen) ----
@@ -227,31 +363,30 @@ def update(model, opt, sched, samples, *, old, ref, adv, cfg, device, pad_id, pa
                 a = torch.cat([torch.full((len(samples[i].response_ids),), float(adv[i])) for i in mb])
                 m = torch.ones_like(logp)[None]
                 w = None
-                if cfg.tis_cap > 0:   # the engine's sampling policy vs the trainer's: see gigpo.tis_weights
+                if cfg.tis_cap > 0:   # the engine's sampling policy vs the trainer's: see tis_weights
                     rollout_lp = torch.cat([torch.tensor(samples[i].logprobs) for i in mb]).to(device)[None]
-                    w, trunc = gigpo.tis_weights(cat(old), rollout_lp, cfg.tis_cap)
+                    w, trunc = tis_weights(cat(old), rollout_lp, cfg.tis_cap)
                     stats["tis_weight"] += w.sum() / n_tok
                     stats["tis_trunc_frac"] += trunc * len(logp) / n_tok
                 if cfg.loss == "gspo":   # one ratio per sequence: (B, T) rows of this micro-batch's samples
                     lens = [len(samples[i].response_ids) for i in mb]
-                    loss, pst = gigpo.gspo_loss(rows(logp, lens), rows(cat(old)[0], lens), torch.tensor(
+                    loss, pst = gspo_loss(rows(logp, lens), rows(cat(old)[0], lens), torch.tensor(
                         [float(adv[i]) for i in mb], device=device), rows(m[0], lens), cfg.clip, clip_high, n_seq)
                     stats["clip_frac"] += pst["clip_frac"] * len(mb) / n_seq
                 else:
-                    loss, pst = gigpo.policy_loss(logp[None], cat(old), a.to(device)[None], m, cfg.clip,
-                                                  cfg.dual_clip or None, token_count=n_tok, weights=w,
-                                                  clip_high=clip_high)
+                    loss, pst = policy_loss(logp[None], cat(old), a.to(device)[None], m, cfg.clip,
+                                            cfg.dual_clip or None, token_count=n_tok, weights=w, clip_high=clip_high)
                     stats["clip_frac"] += pst["clip_frac"] * len(logp) / n_tok
                 if critic:
                     t = torch.tensor(np.asarray([targets[i] for i in mb]), dtype=torch.float32, device=device)
-                    vl, vclip = gigpo.value_loss(v, t[:, 0], t[:, 1], cfg.vf_clip or None, count=n_seq)
+                    vl, vclip = value_loss(v, t[:, 0], t[:, 1], cfg.vf_clip or None, count=n_seq)
                     loss = loss + cfg.vf_coef * vl
                     stats["value_loss"] += vl.detach()
                     stats["vf_clip_frac"] += vclip * len(mb) / n_seq
                 ent_sum = ent.sum() / n_tok
                 loss = loss - cfg.entropy_coef * ent_sum
                 if ref is not None:
-                    kl = gigpo.kl_k3(logp[None], cat(ref)).sum() / n_tok
+                    kl = kl_k3(logp[None], cat(ref)).sum() / n_tok
                     loss = loss + cfg.kl_coef * kl
                     stats["kl_ref"] += kl.detach()
                 loss.backward()

@@ -24,7 +24,6 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-import gigpo
 from fsdp import all_reduce, fail
 
 PROMPT_CHARS = 4000
@@ -64,25 +63,16 @@ def open_metrics_log(cfg, kept, start):
     return open(path, "a" if start else "w")
 
 
-def advantage_parts(samples, cfg, rewards):
-    """-> {step_return, adv_episode, adv_step, step_group, step_group_size}, one value per sample
-    (adv_step is A^S before the weight omega: the trained advantage is adv_episode + omega * adv_step),
-    from gigpo's own functions (compute_advantages keeps its intermediates private), on the rewards
-    the update saw (train.shaped_rewards). Pass whole episode groups: every part is computed within
-    an episode group."""
-    trajs, groups, anchors, valid = ([getattr(s, f) for s in samples] for f in ("traj", "group", "anchor", "valid"))
-    scores = gigpo.episode_scores(rewards, trajs, valid, cfg.penalty)
-    rets, sg, a_s = gigpo.step_parts(rewards, trajs, groups, anchors, valid, gamma=cfg.gamma, penalty=cfg.penalty,
-                                     norm=cfg.norm, similarity=cfg.similarity or None, tied_step=cfg.tied_step)
-    if cfg.algo == "rloo":
-        ae = gigpo.rloo_advantage(scores, groups, trajs, stats=cfg.stats)
-    else:
-        ae = gigpo.episode_advantage(scores, groups, trajs, norm=cfg.norm, stats=cfg.stats)
-    if cfg.algo != "gigpo":
-        a_s = np.zeros(len(samples))
-    size = {g: n for g, n in zip(*np.unique(np.asarray(sg), return_counts=True))}
-    return {"step_return": rets, "adv_episode": ae, "adv_step": a_s, "step_group": sg,
-            "step_group_size": [size[g] for g in sg]}
+def advantage_parts(parts, ks):
+    """-> {step_return, adv_episode, adv_step, step_group, step_group_size} at the samples ks, from the
+    parts gigpo.advantages returned with the advantage the update saw (train.advantages): the trained
+    advantage is adv_episode + step_weight * adv_step, where adv_step is GiGPO's A^S before the weight
+    omega; grpo and rloo have no step term (0), ppo and reinforce_pp no episode term (0, and their
+    whole advantage is adv_step, weight 1). ks: whole episode groups (their step groups' sizes count)."""
+    size = np.bincount(parts["step_group"])   # step group ids are dense
+    return {"step_return": parts["step_return"][ks], "adv_episode": parts["adv_episode"][ks],
+            "adv_step": parts["adv_step"][ks], "step_group": parts["step_group"][ks],
+            "step_group_size": size[parts["step_group"][ks]]}
 
 
 def episodes(samples, tok, iteration, split, adv=None, parts=None, max_episodes=None):

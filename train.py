@@ -11,8 +11,8 @@ main() runs these numbered sections once per iteration:
   1. collect      n_groups x group_size envs, the envs of a group from one seed; every env step is a
                   sample: prompt ids, sampled response ids and their log-probs, reward (rollout.py)
   2. advantages   one per sample: GiGPO, GRPO, RLOO, REINFORCE++, or PPO's GAE on its critic's values
-                  (gigpo.py); --dynamic_sampling 1 (DAPO) then drops the groups whose scores all tie
-                  (under GiGPO only those whose every advantage is 0: A^S can still rank a tied group's steps)
+                  (gigpo.py); --dynamic_sampling 1 (DAPO) then drops the groups whose advantages are all 0
+                  (GiGPO's A^S still ranks a tied group's steps; ppo and reinforce_pp have no group baseline)
   3. update       old log-probs recomputed by this model, then the PPO-style clipped step, token-mean
                   loss, optional KL to a frozen reference (ppo.py); a non-finite update stops the run
   4. push weights the new weights into the generation engine (engine.push_weights)
@@ -39,6 +39,7 @@ from tqdm import tqdm
 
 import gigpo
 import records
+from baselines import overlong_rewards, silent_groups
 from checks import check_config
 from envs import GroupedEnvs, parse_env_args
 from memory import make_memory
@@ -102,7 +103,7 @@ class Config:
     clip_high: float = 0.0         # upper side 1 + clip_high; 0 = --clip (DAPO's clip-higher: 0.28; GSPO: 4e-4)
     loss: str = "ppo"              # ppo (token ratio) | gspo (one ratio per sequence; pass GSPO's --clip/--clip_high)
     dual_clip: float = 3.0         # dual-clip c for negative advantages; 0 = off; --loss ppo only (paper: 3)
-    dynamic_sampling: bool = False # DAPO: drop episode groups whose scores all tie (GiGPO: and A = 0), no refill
+    dynamic_sampling: bool = False # DAPO: drop episode groups whose advantages are all 0 (scores tie), no refill
     overlong_penalty: float = 0.0  # DAPO: reward minus this where a reply is cut at --max_response_tokens; 0 = off
                                    # (DAPO: a soft ramp to 1 over the last 4096 tokens before its 20480 cap)
     kl_coef: float = 0.0           # k3 KL to the frozen initial model; 0 = no reference (paper: 0.01)
@@ -212,10 +213,10 @@ def main(argv=None):
         lp = dict(cfg=cfg, device=device, pad_id=tok.pad_token_id, packed=packed)
         with timer("update", device):
             values = state_values(model, critic, samples, **lp) if critic else None
-        adv, targets, keep, adv_stats = advantages(cfg, samples, it, rank, values, tok.eos_token_id)
+        parts, targets, keep, adv_stats = advantages(cfg, samples, it, rank, values, tok.eos_token_id)
         if rank == 0 and cfg.log_groups:
-            shown = record_groups(cfg, samples, adv, tok, it)
-        trained, adv, targets = balance_tokens([samples[k] for k in keep], adv[keep], targets[keep])
+            shown = record_groups(cfg, samples, parts, tok, it)
+        trained, adv, targets = balance_tokens([samples[k] for k in keep], parts["adv"][keep], targets[keep])
         # 3. update: old (and reference) log-probs by the training model, then the clipped step
         with timer("sync"):
             engine.sleep()                              # vLLM on GPU: its memory goes to the update
@@ -379,16 +380,16 @@ def shaped_rewards(cfg, samples, eos):
     --max_response_tokens."""
     rewards = [s.reward for s in samples]
     if cfg.overlong_penalty:
-        rewards = gigpo.overlong_rewards(rewards, [len(s.response_ids) for s in samples], [
+        rewards = overlong_rewards(rewards, [len(s.response_ids) for s in samples], [
             s.response_ids[-1:] == [eos] for s in samples], cfg.max_response_tokens, cfg.overlong_penalty)
     return rewards
 
 
 def advantages(cfg, samples, it, rank, values=None, eos=None):
-    """-> (one advantage per sample; (N, 2) the critic's old value and lambda-return target per sample,
-    zeros without one; the indices of the samples to train on: all, or under --dynamic_sampling 1 all
-    but the groups whose scores tie (under GiGPO: and whose advantages are all 0 too);
-    gigpo.advantage_stats of the groups + dropped_groups, for the log).
+    """-> (gigpo.advantages of this rank's samples: "adv", one per sample, and its parts; (N, 2) the
+    critic's old value and lambda-return target per sample, zeros without one; the indices of the
+    samples to train on: all, or under --dynamic_sampling 1 all but the groups whose advantages are
+    all 0 (baselines.silent_groups); gigpo.advantage_stats of the groups + dropped_groups, for the log).
     --overlong_penalty (DAPO) comes off the cut replies' rewards first. BATCH_ALGOS (ppo, reinforce_pp)
     normalise over the whole batch: under torchrun, every rank's samples. NaN/inf rewards stop the run
     here, in one line (the last checkpoint stays)."""
@@ -396,40 +397,37 @@ def advantages(cfg, samples, it, rank, values=None, eos=None):
     rewards = shaped_rewards(cfg, samples, eos)
     cols, lo = [rewards, trajs, groups, anchors, valid, values], 0
     if cfg.algo in gigpo.BATCH_ALGOS and dist_on():   # every rank's samples, their ids tagged by rank
-        parts = all_gather([list(rewards), [(rank, t) for t in trajs], [(rank, g) for g in groups], anchors,
+        ranks = all_gather([list(rewards), [(rank, t) for t in trajs], [(rank, g) for g in groups], anchors,
                             valid, values])
-        lo = sum(len(p[0]) for p in parts[:rank])
-        cols = [[x for p in parts for x in p[k]] for k in range(5)] + [None if values is None else
-                                                                      np.concatenate([p[5] for p in parts])]
+        lo = sum(len(p[0]) for p in ranks[:rank])
+        cols = [[x for p in ranks for x in p[k]] for k in range(5)] + [None if values is None else
+                                                                      np.concatenate([p[5] for p in ranks])]
     try:
-        adv = gigpo.compute_advantages(
+        parts = gigpo.advantages(
             *cols[:5], algo=cfg.algo, gamma=cfg.gamma, omega=cfg.omega, penalty=cfg.penalty, norm=cfg.norm,
             stats=cfg.stats, similarity=cfg.similarity or None, values=cols[5], gae_lambda=cfg.gae_lambda,
             tied_step=cfg.tied_step)
     except ValueError as e:
         sys.exit(f"error: iteration {it}: {e}")
-    adv = adv[lo:lo + len(samples)]
+    parts = {k: v[lo:lo + len(samples)] if isinstance(v, np.ndarray) else v for k, v in parts.items()}
     targets = np.zeros((len(samples), 2))
-    if values is not None:   # the env's rewards: the invalid-action penalty shapes the advantage only
-        targets[:, 0], targets[:, 1] = values, gigpo.value_targets(rewards, values, trajs, cfg.gamma, cfg.gae_lambda)
-    # diagnostics: compute_advantages keeps its intermediates private (a pure one-call API)
-    step_groups = gigpo.step_groups(anchors, groups, cfg.similarity or None)
-    scores = gigpo.episode_scores(rewards, trajs, valid, cfg.penalty)
-    tied = (gigpo.tied_groups(scores, groups, adv if cfg.algo == "gigpo" else None) if cfg.dynamic_sampling
-            else np.zeros(len(samples), dtype=bool))
-    stats = gigpo.advantage_stats(scores, groups, step_groups)
-    stats["dropped_groups"] = int(all_reduce(len({g for g, t in zip(groups, tied) if t})))
-    return adv, targets, np.flatnonzero(~tied), stats
+    if "value_target" in parts:   # ppo: on the env's rewards (the invalid-action penalty shapes A only)
+        targets[:, 0], targets[:, 1] = values, parts["value_target"]
+    # DAPO's dynamic sampling drops a group only where its advantages are all 0 (silent_groups says why
+    # not where its scores tie: GiGPO's A^S, and ppo's and reinforce_pp's batch baselines, still rank it)
+    dropped = silent_groups(parts["adv"], groups) if cfg.dynamic_sampling else np.zeros(len(samples), bool)
+    stats = gigpo.advantage_stats(parts["score"], groups, parts["step_group"])
+    stats["dropped_groups"] = int(all_reduce(len({g for g, d in zip(groups, dropped) if d})))
+    return parts, targets, np.flatnonzero(~dropped), stats
 
 
-def record_groups(cfg, samples, adv, tok, it):
-    """The first --log_groups training groups as whole episodes, GiGPO's parts at every step
-    (records.py). Groups are independent: their parts need only their own samples."""
+def record_groups(cfg, samples, parts, tok, it):
+    """The first --log_groups training groups as whole episodes, with the advantage's parts at every
+    step (advantages' `parts`; records.py)."""
     keep = set(sorted({s.group for s in samples})[:cfg.log_groups])
     ks = [k for k, s in enumerate(samples) if s.group in keep]
-    sub = [samples[k] for k in ks]
-    parts = records.advantage_parts(sub, cfg, shaped_rewards(cfg, sub, tok.eos_token_id))
-    return records.episodes(sub, tok, it, "train", adv[ks], parts)
+    return records.episodes([samples[k] for k in ks], tok, it, "train", parts["adv"][ks],
+                            records.advantage_parts(parts, ks))
 
 
 def stop_if_not_finite(model, critic, upd, it, cfg, saved):

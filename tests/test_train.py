@@ -566,16 +566,34 @@ def test_dynamic_sampling_keeps_an_all_won_group_only_for_gigpo(algo):
     samples = [Sample([1], [2], [0.0], r, k == len(w) - 1, True, g, t, a, k)
                for g, t, w in walks for k, (a, r) in enumerate(w)]
     cfg = train.Config(algo=algo, dynamic_sampling=True)
-    adv, _, keep, stats = train.advantages(cfg, samples, 1, 0)
+    _, _, keep, stats = train.advantages(cfg, samples, 1, 0)
     assert keep.tolist() == ([0, 1, 2] if algo == "gigpo" else [])
     assert stats["dropped_groups"] == (1 if algo == "gigpo" else 2)
     import records
     for tied_step in (True, False):   # the logged parts add up to the trained advantage, ablation or not
         cfg = train.Config(algo=algo, tied_step=tied_step)
-        adv = train.advantages(cfg, samples, 1, 0)[0]
-        parts = records.advantage_parts(samples, cfg, [s.reward for s in samples])
+        out = train.advantages(cfg, samples, 1, 0)[0]
+        adv, parts = out["adv"], records.advantage_parts(out, range(len(samples)))   # what episodes.jsonl shows
         np.testing.assert_allclose(adv, parts["adv_episode"] + parts["adv_step"], atol=1e-9)
         assert (np.abs(adv[:3]).max() > 0) == (algo == "gigpo" and tied_step)   # group 0: A^S (+-0.025) or nothing
+
+
+@pytest.mark.parametrize("algo", ["ppo", "reinforce_pp"])
+def test_dynamic_sampling_keeps_tied_groups_of_the_batch_estimators(algo):
+    """ppo and reinforce_pp have no group baseline: a group whose scores tie (both walks won, both
+    lost) still gets non-zero advantages (discounted returns or GAE, whitened over the batch), so
+    --dynamic_sampling 1 must keep it; it drops a group only where its advantages are all 0."""
+    import numpy as np
+    import train
+    from rollout import Sample
+    walks = [(0, 0, [("s0", 1.0)]), (0, 1, [("s0", 0.0), ("s1", 1.0)]), (1, 2, [("t0", 0.0)]), (1, 3, [("t0", 0.0)])]
+    samples = [Sample([1], [2], [0.0], r, k == len(w) - 1, True, g, t, a, k)
+               for g, t, w in walks for k, (a, r) in enumerate(w)]
+    values = np.array([.5, .2, .6, .1, .3]) if algo == "ppo" else None
+    out = train.advantages(train.Config(algo=algo, dynamic_sampling=True), samples, 1, 0, values)
+    keep, stats = out[2], out[3]
+    assert keep.tolist() == [0, 1, 2, 3, 4] and stats["dropped_groups"] == 0
+    assert stats["zero_var_group_frac"] == 1.0   # both groups' scores do tie
 
 
 def test_dynamic_sampling_trains_on_the_groups_whose_scores_differ(tmp_path, monkeypatch):
@@ -609,7 +627,7 @@ def test_dynamic_sampling_trains_on_the_groups_whose_scores_differ(tmp_path, mon
     rows = [json.loads(line) for line in open(tmp_path / "some" / "metrics.jsonl")]
     assert [r["dropped_groups"] for r in rows] == [x["tied"] for x in seen]
     assert all(x["trained"] == x["kept"] for x in seen) and sum(x["tied"] for x in seen) > 0
-    monkeypatch.setattr(gigpo, "tied_groups", lambda scores, *a: np.ones(len(scores), dtype=bool))
+    monkeypatch.setattr(train, "silent_groups", lambda adv, *a: np.ones(len(adv), dtype=bool))
     train.main([*args, "--iterations", "1", "--out_dir", str(tmp_path / "none")])
     row = json.loads(open(tmp_path / "none" / "metrics.jsonl").readline())
     assert row["dropped_groups"] == 8 and row["samples"] > 0 and row["logp_gap"] == 0
