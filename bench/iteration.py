@@ -87,11 +87,13 @@ def main():
     ap.add_argument("--shape", choices=sorted(SHAPES), default="1.5b", help="bench.update's model shapes")
     ap.add_argument("--env", default="alfworld", help="train.py --env (its preset applies)")
     ap.add_argument("--out", default="/tmp/bench-iteration", help="the model folder and train.py's out_dir go here")
+    ap.add_argument("--model_dir", default="", help="time this HF model folder (e.g. an ALFWorld clone from "
+                    "bench.bc) instead of a random --shape model")
     ap.add_argument("--json", default="", help="append the results as one JSON line to this file")
     ap.add_argument("--iterations", type=int, default=2, help="train.py iterations; the first carries compile's "
                     "warm-up, the last is reported as the steady state")
     args, rest = ap.parse_known_args()
-    model_dir, out_dir = os.path.join(args.out, f"model-{args.shape}"), os.path.join(args.out, "run")
+    model_dir, out_dir = args.model_dir or os.path.join(args.out, f"model-{args.shape}"), os.path.join(args.out, "run")
     # --eval_episodes 1: the random-policy baseline train.py plays at start-up is then one game
     if args.iterations < 1:
         raise SystemExit(f"error: --iterations {args.iterations}: run at least 1")
@@ -99,9 +101,12 @@ def main():
             "--eval_episodes", "1", *(["--eval_sets", "valid_seen"] if args.env == "alfworld" else []), *rest]
     cfg = train.parse_args(argv)   # a bad flag stops here, in one line that names it
     t0 = time.perf_counter()
-    n_params = make_model_dir(args.shape, cfg, model_dir)
-    print(f"model {args.shape}: {n_params / 1e9:.2f}B parameters, random init, saved to {model_dir} in "
-          f"{time.perf_counter() - t0:.0f} s", flush=True)
+    if args.model_dir:
+        args.shape, n_params = os.path.basename(os.path.normpath(model_dir)), None
+    else:
+        n_params = make_model_dir(args.shape, cfg, model_dir)
+        print(f"model {args.shape}: {n_params / 1e9:.2f}B parameters, random init, saved to {model_dir} in "
+              f"{time.perf_counter() - t0:.0f} s", flush=True)
     if os.path.exists(os.path.join(out_dir, "metrics.jsonl")):
         os.remove(os.path.join(out_dir, "metrics.jsonl"))   # a previous run's line is not this one
     train.evaluate = lambda *a, **k: {"not run": float("nan")}   # see the module docstring
@@ -117,7 +122,7 @@ def main():
     res = {"shape": args.shape, "params": n_params, "argv": argv, "start_up_s": start_up,
            **{k: m.get(k) for k in keys}, "per_iteration": [{k: x.get(k) for k in keys} for x in lines]}
     print("(no model was saved, whatever train.py's last lines say: the bench leaves the checkpoint out)")
-    print(f"\n{len(lines)} iteration(s) of python train.py {' '.join(argv)} (a random {args.shape} model); "
+    print(f"\n{len(lines)} iteration(s) of python train.py {' '.join(argv)} (model {args.shape}); "
           f"train.py's set-up (and teardown) around them {start_up:.0f} s")
     print("| iteration | " + " | ".join(k[5:] for k in PHASES) + " | samples | prompt / response tokens per sample | "
           "update tokens/s | MFU | of the update: log-probs / step |")
