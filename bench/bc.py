@@ -44,9 +44,9 @@ def target(variant, action, admissible):
     return f"<think>The next step towards the task is {action}.</think><action>{action}</action>"
 
 
-def collect(path, games, variants, data_dir=None, split="train"):
-    """Play the expert on games 0..games-1 of `split`; a line per step and prompt: messages, reply,
-    action, admissible, game, step, gamefile. -> the number of steps."""
+def collect(path, games, variants, data_dir=None, split="train", first=0):
+    """Play the expert on games first..first+games-1 of `split`; a line per step and prompt: messages,
+    reply, action, admissible, game, step, gamefile. -> the number of steps."""
     from envs.alfworld import ALFWorld
     from memory import make_memory
     from prompts import prompt_module
@@ -55,13 +55,13 @@ def collect(path, games, variants, data_dir=None, split="train"):
         env = ALFWorld(split, data_dir=data_dir, expert=True)
     except FileNotFoundError as e:
         raise SystemExit(f"bench.bc: --data_dir: {e}")
-    if not 0 < games <= len(env.games):
-        raise SystemExit(f"bench.bc: --games {games}: the {split} split has {len(env.games)} games")
+    if not (0 < games and 0 <= first and first + games <= len(env.games)):
+        raise SystemExit(f"bench.bc: --first {first} --games {games}: the {split} split has {len(env.games)} games")
     prompts = {v: prompt_module("alfworld", chat=True, variant=PROMPTS[v]) for v in variants}
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     files = {v: open(path.replace("{prompt}", v), "w") for v in variants}
     preset, lines, t0 = PRESETS["alfworld"], 0, time.perf_counter()
-    for game in tqdm(range(games), desc="collect", unit="game"):
+    for game in tqdm(range(first, first + games), desc="collect", unit="game"):
         obs, info = env.reset(game)
         memory = make_memory(preset["memory"], preset["memory_k"])
         memory.reset(info["task"])
@@ -168,7 +168,9 @@ def train(args):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--collect", metavar="OUT.jsonl", help="write expert steps here ({prompt} = the prompt's name)")
-    ap.add_argument("--games", type=int, default=400, help="--collect: train-split games 0..N-1")
+    ap.add_argument("--games", type=int, default=400, help="--collect: train-split games FIRST..FIRST+N-1")
+    ap.add_argument("--first", type=int, default=0, help="--collect: the first game (split a collection over "
+                    "processes, then concatenate the files)")
     ap.add_argument("--prompt", nargs="+", default=["tagged"], help="--collect: tagged and/or choice")
     ap.add_argument("--data_dir", default=None, help="--collect: the games' $ALFWORLD_DATA")
     ap.add_argument("--train", metavar="DATA.jsonl", help="a --collect file to clone")
@@ -188,7 +190,7 @@ def main(argv=None):
         if bad or len(args.prompt) > 1 and "{prompt}" not in args.collect:
             raise SystemExit(f"bench.bc: --prompt {' '.join(args.prompt)}: names from {', '.join(PROMPTS)}; "
                              f"several need {{prompt}} in --collect's path")
-        return collect(args.collect, args.games, args.prompt, args.data_dir)
+        return collect(args.collect, args.games, args.prompt, args.data_dir, first=args.first)
     if not args.model or not args.out:
         raise SystemExit("bench.bc: --train needs --model DIR (start) and --out DIR (result)")
     if args.batch < 1 or args.lr <= 0 or args.epochs < 1 or args.steps < 0:
