@@ -301,7 +301,9 @@ class VLLMEngine(Engine):
         done, engine = [], self.llm.llm_engine
         with self._threads():
             while self.keys and not (done and not wait_all):
-                done += [(self.keys.pop(o.request_id), *self._result(o)) for o in engine.step() if o.finished]
+                # our ids are integers; a vLLM that reports its internal id adds "-<random>"
+                done += [(self.keys.pop(o.request_id.split("-")[0]), *self._result(o))
+                         for o in engine.step() if o.finished]
         return done
 
 
