@@ -2,24 +2,35 @@
 
 A bad value that would only fail later would do so after minutes, mid-run, or as a stack trace:
 here every bad input stops the run with one line that names the flag to change, before
-metrics.jsonl is touched. The tests feed it bad flags (tests/test_train.py and each env's tests).
+metrics.jsonl is touched. The tests feed it bad flags (tests/test_checks.py, tests/test_train.py and
+each env's tests). `fail` and `first_line` make that one line, here and wherever else a run stops
+on bad input (a corrupt checkpoint, a model that does not load).
 """
 import dataclasses
 import math
 import os
+import sys
 import tempfile
 
 import torch
 
 import gigpo
 from envs import ENVS, make_env, parse_env_args
-from evaluate import eval_plan
-from fsdp import fail, first_line
 from memory import MEMORIES
 from prompts import prompt_module
 from rollout import ENGINES
 
 DEVICES = ("auto", "cpu", "cuda")
+
+
+def fail(msg):
+    """Stop with one line, printed by rank 0 only (under torchrun every rank checks the same flags)."""
+    sys.exit(f"error: {msg}" if os.environ.get("RANK", "0") == "0" else 1)
+
+
+def first_line(e):
+    """An exception's message cut to its first line and sentence: what a one-line error can carry."""
+    return (str(e).strip().splitlines() or [type(e).__name__])[0].split(". ")[0][:200]
 
 
 def check_config(cfg):
@@ -108,6 +119,7 @@ def check_config(cfg):
         bad("--device cuda but no GPU is visible; use --device cpu")
     if cfg.eval_only and cfg.model == "tiny":
         bad("--eval_only evaluates a saved or hub model: give --model NAME_OR_PATH")
+    from evaluate import eval_plan   # here, not at the top: evaluate -> records -> checks (fail)
     try:  # also: the env's data is there (ALFWorld lists its games here); --eval_sets names exist
         eval_plan(cfg)
     except (FileNotFoundError, ValueError) as e:

@@ -12,13 +12,13 @@ import os
 import random
 import shutil
 import socket
-import sys
 import warnings
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
+from checks import fail, first_line
 from rollout import HFEngine
 
 PACKED_ATTN = ("flash_attention_2", "torch_varlen")   # implementations that take packed rows
@@ -314,11 +314,6 @@ def save(model, tok, opt, sched, cfg, it, rank, gen_model=None, extra=None):
     barrier()
 
 
-def fail(msg):
-    """Stop with one line, printed by rank 0 only (under torchrun every rank checks the same flags)."""
-    sys.exit(f"error: {msg}" if os.environ.get("RANK", "0") == "0" else 1)
-
-
 def check_resume(cfg):
     """--resume: the run's checkpoint (checkpoint_path) must have a readable meta.json from the same
     config (bar RESUME_FREE fields) -> its meta. Anything else is one line, not a traceback."""
@@ -338,11 +333,6 @@ def check_resume(cfg):
         fail(f"--resume: {cfg.out_dir} was trained with another config ({'; '.join(diff)}); "
              f"use the same flags or another --out_dir")
     return meta
-
-
-def first_line(e):
-    """An exception's message cut to its first line and sentence: what a one-line error can carry."""
-    return (str(e).strip().splitlines() or [type(e).__name__])[0].split(". ")[0][:200]
 
 
 def load_checkpoint(model, opt, sched, cfg, rank, meta, extra=None):

@@ -25,7 +25,8 @@ import torch
 from tqdm import tqdm
 
 import gigpo
-from fsdp import all_reduce, fail
+from checks import fail
+from fsdp import all_reduce
 
 PROMPT_CHARS = 4000
 
