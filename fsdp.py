@@ -157,7 +157,7 @@ def shard(model, device, grad_ckpt=False, reshard_after_forward=None, compile_la
     compile_layers: torch.compile each decoder layer's forward (dynamic shapes: micro-batches differ
     in length), which fuses its elementwise work (norms, RoPE, SiLU, casts); the module and its
     parameter names stay as they are, so checkpoints and weight pushes do not change."""
-    layers = getattr(model, "get_base_model", lambda: model)().model.layers
+    layers = decoder_layers(model)
     if compile_layers:
         for layer in layers:
             layer.forward = torch.compile(layer.forward, dynamic=True)
@@ -173,6 +173,23 @@ def shard(model, device, grad_ckpt=False, reshard_after_forward=None, compile_la
     for layer in layers:
         fully_shard(layer, mp_policy=mp, reshard_after_forward=reshard_after_forward)
     return fully_shard(model, mp_policy=mp, reshard_after_forward=reshard_after_forward)
+
+
+def decoder_layers(model):
+    """The decoder layers of any HF causal LM (Llama/Qwen's model.layers, GPT-2's transformer.h, ...):
+    the outermost modules whose class (or a base class: FSDP2 subclasses a sharded one) transformers
+    names in the model's _no_split_modules, the blocks it never splits across devices. A LoRA (peft)
+    model's are its base model's. ValueError naming the class where it lists none."""
+    base = getattr(model, "get_base_model", lambda: model)()
+    names, layers = set(getattr(base, "_no_split_modules", None) or ()), []
+    for name, module in base.named_modules():
+        if any(c.__name__ in names for c in type(module).__mro__) \
+                and not any(name.startswith(f"{outer}.") for outer, _ in layers):
+            layers.append((name, module))
+    if not layers:
+        raise ValueError(f"{type(base).__name__}: no decoder layers found (its _no_split_modules names "
+                         f"{sorted(names) or 'none'}); FSDP2 sharding needs them")
+    return [module for _, module in layers]
 
 
 def add_lora(model, rank):
