@@ -121,7 +121,8 @@ def success_text(rates):
 
 
 def random_policy_success(cfg, envs):
-    """The same eval episodes played by a uniformly random admissible action -> {set: success}."""
+    """The same eval episodes played by a uniformly random admissible action -> {set: success}. A step
+    whose env lists none (free-text answers) plays the empty action, a no-op (README, "Add an env")."""
     rng, rates = random.Random(0), {}
     for name, (kwargs, seeds) in eval_plan(cfg).items():
         set_envs = eval_envs_for(cfg, envs, kwargs, seeds)
@@ -129,7 +130,7 @@ def random_policy_success(cfg, envs):
         obs, infos = set_envs.reset(seeds)
         active = list(range(set_envs.n))
         while active:
-            res = set_envs.step({i: rng.choice(infos[i]["admissible_actions"]) for i in active})
+            res = set_envs.step({i: rng.choice(infos[i]["admissible_actions"] or [""]) for i in active})
             for i, (o, r, term, trunc, info) in res.items():
                 infos[i] = info
                 if (term or trunc) and not info.get("worker_died"):
@@ -200,8 +201,8 @@ def compare(path_a, path_b):
             only_a, only_b, p = paired(ga, gb)
             rows.append(f"| {label} | {len(ga)} | {known_mean(ga):.3f} | {known_mean(gb):.3f} | "
                         f"{only_a} | {only_b} | {p:.3f} |")
-    return "\n".join([f"A = {path_a} (iteration {a['iteration']}), B = {path_b} (iteration {b['iteration']}){args}",
-                      *rows])
+    head = f"A = {path_a} (iteration {a['iteration']}), B = {path_b} (iteration {b['iteration']}){args}"
+    return "\n".join([head, *rows])
 
 
 if __name__ == "__main__":   # python -m evaluate RUN_A RUN_B: two evals of the same games, game by game

@@ -55,8 +55,10 @@ def test_compare_refuses_evals_of_different_envs_or_games(tmp_path):
     table = evaluate.compare(str(tmp_path / "t"), str(tmp_path / "t3"))   # same games, another reward
     assert "env_args '' and 'progress=0'" in table.splitlines()[0]
     (tmp_path / "old").mkdir()
-    (tmp_path / "old" / "eval.json").write_text(json.dumps({"iteration": 1, "rates": {}, "games": {"held-out": [0] * 3}}))
-    assert evaluate.compare(str(tmp_path / "k"), str(tmp_path / "old")).splitlines()[3].startswith("| held-out | 3 |")
+    old = {"iteration": 1, "rates": {}, "games": {"held-out": [0] * 3}}
+    (tmp_path / "old" / "eval.json").write_text(json.dumps(old))
+    rows = evaluate.compare(str(tmp_path / "k"), str(tmp_path / "old")).splitlines()
+    assert rows[3].startswith("| held-out | 3 |")
 
 
 def test_evaluate_writes_the_env_and_the_seeds_it_played(tmp_path, monkeypatch):
