@@ -2,25 +2,36 @@
 
 A bad value that would only fail later would do so after minutes, mid-run, or as a stack trace:
 here every bad input stops the run with one line that names the flag to change, before
-metrics.jsonl is touched. The tests feed it bad flags (tests/test_train.py and each env's tests).
+metrics.jsonl is touched. The tests feed it bad flags (tests/test_checks.py, tests/test_train.py and
+each env's tests). `fail` and `first_line` make that one line, here and wherever else a run stops
+on bad input (a corrupt checkpoint, a model that does not load).
 """
 import dataclasses
 import math
 import os
+import sys
 import tempfile
 
 import torch
 
 import gigpo
-from envs import ENVS, make_env, parse_env_args
-from evaluate import eval_plan
-from fsdp import fail, first_line
+from envs import ENVS, env_module, make_env, parse_env_args
 from memory import MEMORIES
 from ppo import LOSSES
 from prompts import prompt_module
 from engine import ENGINES
 
 DEVICES = ("auto", "cpu", "cuda")
+
+
+def fail(msg):
+    """Stop with one line, printed by rank 0 only (under torchrun every rank checks the same flags)."""
+    sys.exit(f"error: {msg}" if os.environ.get("RANK", "0") == "0" else 1)
+
+
+def first_line(e):
+    """An exception's message cut to its first line and sentence: what a one-line error can carry."""
+    return (str(e).strip().splitlines() or [type(e).__name__])[0].split(". ")[0][:200]
 
 
 def check_config(cfg):
@@ -42,10 +53,11 @@ def check_config(cfg):
         bad(str(e))
     try:
         env_args = parse_env_args(cfg.env, cfg.env_args)
-        if env_args and cfg.env == "treasure":  # cheap to build: check the values too
-            make_env(cfg.env, **env_args)
-        if env_args and cfg.env == "sokoban":   # and generate one room (too many boxes for the room fail there)
-            make_env(cfg.env, **env_args).reset(0)
+        # an env without data (no eval_sets hook: treasure, keydoor, sokoban) is cheap to build: build it
+        # and reset it once (a value the room cannot hold, sokoban's boxes, fails there); those with data
+        # build one in eval_plan below
+        if env_args and not hasattr(env_module(cfg.env), "eval_sets"):
+            make_env(cfg.env, **env_args).reset(seed=0)
     except ModuleNotFoundError as e:   # the env's own package (alfworld) is not installed
         bad(f"--env {cfg.env} needs the package {e.name!r}: pip install -r requirements.txt")
     except (ValueError, TypeError) as e:
@@ -65,7 +77,8 @@ def check_config(cfg):
         if getattr(cfg, name) < 1:
             bad(f"--{name} {getattr(cfg, name)} must be >= 1")
     for name in ("memory_k", "env_workers", "train_seeds", "peak_tflops", "kl_coef", "weight_decay", "lr_min",
-                 "clip_high", "vf_coef", "vf_clip", "overlong_penalty"):
+                 "clip_high", "vf_coef", "vf_clip", "overlong_penalty", "omega", "penalty", "entropy_coef",
+                 "time_limit"):   # a negative weight would reward what it is there to curb
         if getattr(cfg, name) < 0:
             bad(f"--{name} {getattr(cfg, name)} must be >= 0")
     if not cfg.temperature > 0:
@@ -109,10 +122,13 @@ def check_config(cfg):
         bad("--device cuda but no GPU is visible; use --device cpu")
     if cfg.eval_only and cfg.model == "tiny":
         bad("--eval_only evaluates a saved or hub model: give --model NAME_OR_PATH")
+    from evaluate import eval_plan   # here, not at the top: evaluate -> records -> checks (fail)
     try:  # also: the env's data is there (ALFWorld lists its games here); --eval_sets names exist
         eval_plan(cfg)
-    except (FileNotFoundError, ValueError) as e:
+    except FileNotFoundError as e:
         bad(str(e))
+    except ValueError as e:   # an --eval_sets name, or (WebShop, Search: built here) a bad --env_args value
+        bad(str(e) if str(e).startswith("--") else f"--env_args {cfg.env_args!r}: {e}")
     if not cfg.eval_only:   # out_dir is written from the first iteration on: a folder we can write
         if os.path.exists(cfg.out_dir) and not os.path.isdir(cfg.out_dir):
             bad(f"--out_dir {cfg.out_dir} is a file, not a folder")

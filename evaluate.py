@@ -64,10 +64,12 @@ def evaluate(tok, cfg, envs, prompt, engine, on_samples=None, iteration=None):
     line per named set: its success, per task type, and the share of invalid-action steps. Writes
     out_dir/eval.json, again as each set ends (a run cut short keeps the sets done): the iteration,
     these rates, each set's games won (1) or not (0) in order and (named sets with task types) each
-    game's type, for a game-by-game comparison of two evals (`python -m evaluate A B`). A game a dead
+    game's type, for a game-by-game comparison of two evals (`python -m evaluate A B`), and the env,
+    its --env_args and each set's seeds (compare refuses two evals of other games). A game a dead
     env worker cut short is no result: null in eval.json, left out of every rate (and said so)."""
-    rates, games, types = {}, {}, {}
+    rates, games, types, played = {}, {}, {}, {}
     for name, (kwargs, seeds) in eval_plan(cfg).items():
+        played[name] = list(seeds)
         set_envs = eval_envs_for(cfg, envs, kwargs, seeds)
         memories = [make_memory(cfg.memory, cfg.memory_k or None) for _ in range(set_envs.n)]
         samples, episodes, _ = rollout(set_envs, engine, tok, prompt, memories, seeds, cfg.eval_temperature,
@@ -95,7 +97,7 @@ def evaluate(tok, cfg, envs, prompt, engine, on_samples=None, iteration=None):
         os.makedirs(cfg.out_dir, exist_ok=True)
         records.write_whole(os.path.join(cfg.out_dir, "eval.json"), json.dumps(
             {"iteration": iteration, "model": cfg.model, "temperature": cfg.eval_temperature, "rates": rates,
-             "games": games, "types": types}))
+             "games": games, "types": types, "env": cfg.env, "env_args": cfg.env_args, "seeds": played}))
     return rates
 
 
@@ -120,7 +122,8 @@ def success_text(rates):
 
 
 def random_policy_success(cfg, envs):
-    """The same eval episodes played by a uniformly random admissible action -> {set: success}."""
+    """The same eval episodes played by a uniformly random admissible action -> {set: success}. A step
+    whose env lists none (free-text answers) plays the empty action, a no-op (README, "Add an env")."""
     rng, rates = random.Random(0), {}
     for name, (kwargs, seeds) in eval_plan(cfg).items():
         set_envs = eval_envs_for(cfg, envs, kwargs, seeds)
@@ -128,7 +131,7 @@ def random_policy_success(cfg, envs):
         obs, infos = set_envs.reset(seeds)
         active = list(range(set_envs.n))
         while active:
-            res = set_envs.step({i: rng.choice(infos[i]["admissible_actions"]) for i in active})
+            res = set_envs.step({i: rng.choice(infos[i]["admissible_actions"] or [""]) for i in active})
             for i, (o, r, term, trunc, info) in res.items():
                 infos[i] = info
                 if (term or trunc) and not info.get("worker_died"):
@@ -169,8 +172,19 @@ def load_eval(path):
 def compare(path_a, path_b):
     """The eval.json of two runs (or their out dirs) -> a markdown table, one row per set both played
     (and per task type in it, where both evals list the same games' types). A game that either eval
-    has no result for (null: a dead env worker) is left out of that row."""
+    has no result for (null: a dead env worker) is left out of that row. Evals of other envs, or of a
+    set played on other seeds, are not the same games: ValueError (an eval.json from before env and
+    seeds were written is taken as it is). Other --env_args are shown in the first line, not refused:
+    a reward term (progress=0) or an anchor (pool_bumps=1) changes the run, not the games."""
     a, b = (load_eval(p) for p in (path_a, path_b))
+    if a.get("env", b.get("env")) != b.get("env", a.get("env")):
+        raise ValueError(f"the evals are of {a['env']} and {b['env']}: not the same games")
+    for name in set(a.get("seeds", {})) & set(b.get("seeds", {})):
+        if a["seeds"][name] != b["seeds"][name]:
+            raise ValueError(f"{name}: the evals played other seeds ({len(a['seeds'][name])} and "
+                             f"{len(b['seeds'][name])} games): not the same set")
+    args = f"; env_args {a['env_args']!r} and {b['env_args']!r}" \
+        if {"env_args"} <= set(a) & set(b) and a["env_args"] != b["env_args"] else ""
     rows = ["| set | games | A success | B success | only A won | only B won | paired p |", "|---|---|---|---|---|---|---|"]
     for name in a["games"]:
         if name not in b["games"]:
@@ -188,7 +202,8 @@ def compare(path_a, path_b):
             only_a, only_b, p = paired(ga, gb)
             rows.append(f"| {label} | {len(ga)} | {known_mean(ga):.3f} | {known_mean(gb):.3f} | "
                         f"{only_a} | {only_b} | {p:.3f} |")
-    return "\n".join([f"A = {path_a} (iteration {a['iteration']}), B = {path_b} (iteration {b['iteration']})", *rows])
+    head = f"A = {path_a} (iteration {a['iteration']}), B = {path_b} (iteration {b['iteration']}){args}"
+    return "\n".join([head, *rows])
 
 
 if __name__ == "__main__":   # python -m evaluate RUN_A RUN_B: two evals of the same games, game by game

@@ -12,13 +12,13 @@ import os
 import random
 import shutil
 import socket
-import sys
 import warnings
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
+from checks import fail, first_line
 
 PACKED_ATTN = ("flash_attention_2", "torch_varlen")   # implementations that take packed rows
 # a plain CPU run saves and loads its checkpoint in one process on purpose: dcp's warning about it is
@@ -156,7 +156,7 @@ def shard(model, device, grad_ckpt=False, reshard_after_forward=None, compile_la
     compile_layers: torch.compile each decoder layer's forward (dynamic shapes: micro-batches differ
     in length), which fuses its elementwise work (norms, RoPE, SiLU, casts); the module and its
     parameter names stay as they are, so checkpoints and weight pushes do not change."""
-    layers = getattr(model, "get_base_model", lambda: model)().model.layers
+    layers = decoder_layers(model)
     if compile_layers:
         for layer in layers:
             layer.forward = torch.compile(layer.forward, dynamic=True)
@@ -172,6 +172,23 @@ def shard(model, device, grad_ckpt=False, reshard_after_forward=None, compile_la
     for layer in layers:
         fully_shard(layer, mp_policy=mp, reshard_after_forward=reshard_after_forward)
     return fully_shard(model, mp_policy=mp, reshard_after_forward=reshard_after_forward)
+
+
+def decoder_layers(model):
+    """The decoder layers of any HF causal LM (Llama/Qwen's model.layers, GPT-2's transformer.h, ...):
+    the outermost modules whose class (or a base class: FSDP2 subclasses a sharded one) transformers
+    names in the model's _no_split_modules, the blocks it never splits across devices. A LoRA (peft)
+    model's are its base model's. ValueError naming the class where it lists none."""
+    base = getattr(model, "get_base_model", lambda: model)()
+    names, layers = set(getattr(base, "_no_split_modules", None) or ()), []
+    for name, module in base.named_modules():
+        if any(c.__name__ in names for c in type(module).__mro__) \
+                and not any(name.startswith(f"{outer}.") for outer, _ in layers):
+            layers.append((name, module))
+    if not layers:
+        raise ValueError(f"{type(base).__name__}: no decoder layers found (its _no_split_modules names "
+                         f"{sorted(names) or 'none'}); FSDP2 sharding needs them")
+    return [module for _, module in layers]
 
 
 def add_lora(model, rank):
@@ -313,11 +330,6 @@ def save(model, tok, opt, sched, cfg, it, rank, gen_model=None, extra=None):
     barrier()
 
 
-def fail(msg):
-    """Stop with one line, printed by rank 0 only (under torchrun every rank checks the same flags)."""
-    sys.exit(f"error: {msg}" if os.environ.get("RANK", "0") == "0" else 1)
-
-
 def check_resume(cfg):
     """--resume: the run's checkpoint (checkpoint_path) must have a readable meta.json from the same
     config (bar RESUME_FREE fields) -> its meta. Anything else is one line, not a traceback."""
@@ -337,11 +349,6 @@ def check_resume(cfg):
         fail(f"--resume: {cfg.out_dir} was trained with another config ({'; '.join(diff)}); "
              f"use the same flags or another --out_dir")
     return meta
-
-
-def first_line(e):
-    """An exception's message cut to its first line and sentence: what a one-line error can carry."""
-    return (str(e).strip().splitlines() or [type(e).__name__])[0].split(". ")[0][:200]
 
 
 def load_checkpoint(model, opt, sched, cfg, rank, meta, extra=None):

@@ -24,7 +24,8 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from fsdp import all_reduce, fail
+from checks import fail
+from fsdp import all_reduce
 
 PROMPT_CHARS = 4000
 

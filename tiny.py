@@ -20,7 +20,8 @@ CHAT_TEMPLATE = ("{% for m in messages %}{{ m['content'] }} {% endfor %}"
 
 def corpus(env_name, episodes=200, seed=0, env_kwargs=None):
     """Every string the tiny model can be shown or asked to say, from random episodes of the env as
-    --env_args configures it (WebShop and Search need their data_dir there)."""
+    --env_args configures it (WebShop and Search need their data_dir there): a random admissible
+    action each step, the empty action (a no-op) where the env lists none."""
     from envs import make_env
     from memory import MEMORIES, make_memory
     from prompts import prompt_module
@@ -37,7 +38,7 @@ def corpus(env_name, episodes=200, seed=0, env_kwargs=None):
             for m in mems:
                 for msg in prompt.build(info["task"], m.text(), obs, info["admissible_actions"], step):
                     yield msg["content"]
-            action = rng.choice(info["admissible_actions"])
+            action = rng.choice(info["admissible_actions"] or [""])   # none listed: the empty (no-op) action
             new_obs, r, term, trunc, info = env.step(action)
             for m in mems:
                 m.add(obs, action, r)

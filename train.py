@@ -40,7 +40,7 @@ from tqdm import tqdm
 import gigpo
 import records
 from baselines import overlong_rewards, silent_groups
-from checks import check_config
+from checks import check_config, fail, first_line
 from envs import GroupedEnvs, parse_env_args
 from memory import make_memory
 from ppo import Critic, logprobs, state_values, update
@@ -48,7 +48,7 @@ from prompts import prompt_module
 from tiny import is_tiny
 from evaluate import HELD_OUT, eval_plan, eval_what, evaluate, headline, random_policy_success, success_text
 from fsdp import (PACKED_ATTN, add_lora, all_finite, all_gather, all_reduce, attn_implementation, balance_tokens,
-                  check_resume, checkpoint_path, dist_on, fail, finish_dist, first_line, full_parameters,
+                  check_resume, checkpoint_path, dist_on, finish_dist, full_parameters,
                   load_checkpoint, save, setup_dist, shard)
 from engine import make_engine
 from rollout import rollout

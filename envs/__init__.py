@@ -12,6 +12,11 @@ the envs of a group start identical, and restarts a dead worker process without 
 To add an env: write envs/<name>.py with such a class, prompts/<name>.py with build() and parse(),
 and add one line to ENVS below (README, "Course assignments").
 
+Imports run one way: prompts may import from envs (prompts/search.py takes the env's ACTION pattern),
+never the reverse; no env imports a prompt module, a model or the trainer (torch, transformers, tiny,
+rollout, train, ...). What looks at an env through a model lives in bench/ (the treasure hunt's action
+table of a trained model: bench/treasure.py). tests/test_envs.py checks it.
+
 Optional hooks (an env without them gets the default; ALFWorld uses all three):
   in envs/<name>.py, read through env_module(name):
     eval_sets(n, names=None) -> {set name: (env kwargs, seeds)}   evaluate.py plays these named eval

@@ -116,52 +116,7 @@ def shortest_moves(pos, treasure):
     return ({"down" if tr > r else "up"} if tr != r else set()) | ({"right" if tc > c else "left"} if tc != c else set())
 
 
-def action_table(model_dir, size=5, max_tokens=None):
-    """What a trained model's greedy policy does in every state of the 5x5 game (600 = 25 x 24
-    start/treasure pairs, no walls), by where the treasure lies: a markdown table with, per relative
-    position, the share of states where the action is a shortest-path move, and the actions taken.
-    max_tokens: the reply length the run trained with (default 4 for a chat model, 1 for the tiny one)."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from prompts import prompt_module
-    from engine import HFEngine
-    from rollout import render_prompts
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16 if device == "cuda" else None)
-    from tiny import is_tiny
-    tiny = is_tiny(model_dir)
-    prompt = prompt_module("treasure", chat=not tiny)
-    states = all_states(size)
-    ids = render_prompts(tok, [prompt.build("t", "", f"at {a} treasure {b}", list(MOVES), 0)
-                               for a, b in states])
-    outs = HFEngine(model.to(device).eval(), tok).generate(ids, temperature=0,
-                                                            max_tokens=max_tokens or (1 if tiny else 4))
-    table = {}
-    for ((r, c), (tr, tc)), (out, _) in zip(states, outs):
-        act, _ = prompt.parse(tok.decode(out, skip_special_tokens=True), list(MOVES))
-        good = shortest_moves((r, c), (tr, tc))
-        key = ("above" if tr < r else "below" if tr > r else "same row") + ", " + \
-              ("left" if tc < c else "right" if tc > c else "same column")
-        row = table.setdefault(key, {"n": 0, "good": 0, "acts": {}})
-        row["n"] += 1
-        row["good"] += act in good
-        row["acts"][act if act in MOVES else "invalid"] = row["acts"].get(act if act in MOVES else "invalid", 0) + 1
-    print(f"greedy policy of {model_dir} on all {len(states)} states (no walls), by where the treasure is")
-    print("| treasure is | states | shortest-path move | actions taken |\n|---|---|---|---|")
-    for key, row in sorted(table.items()):
-        acts = " ".join(f"{a} {n}" for a, n in sorted(row["acts"].items(), key=lambda x: -x[1]))
-        print(f"| {key} | {row['n']} | {row['good'] / row['n']:.2f} | {acts} |")
-    print(f"overall shortest-path share {sum(r['good'] for r in table.values()) / len(states):.3f}")
-
-
 if __name__ == "__main__":
-    import sys
-    if len(sys.argv) in (3, 5) and sys.argv[1] == "--model":   # python -m envs.treasure --model DIR [--max_tokens N]
-        if len(sys.argv) == 5 and (sys.argv[3] != "--max_tokens" or not sys.argv[4].isdigit()):
-            sys.exit("usage: python -m envs.treasure [--model DIR [--max_tokens N]]")
-        action_table(sys.argv[2], max_tokens=int(sys.argv[4]) if len(sys.argv) == 5 else None)
-        sys.exit()
     rand = success_rate(lambda env, rng: rng.choice(list(MOVES)))
     opt = success_rate(lambda env, rng: env.optimal_action())
     print(f"treasure 5x5, 10 steps: random policy {rand:.3f}, optimal policy {opt:.3f}")

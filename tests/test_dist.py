@@ -68,6 +68,33 @@ def test_compiled_layers_score_and_train_like_plain_ones():
         assert torch.allclose(p.grad, q.grad, atol=1e-5)
 
 
+def test_any_causal_lm_shards_a_tiny_gpt2(monkeypatch):
+    """fsdp.shard finds the decoder layers of any HF causal LM (its _no_split_modules), not only
+    Llama/Qwen's model.layers: a tiny random GPT-2 (transformer.h) shards per block in a gloo world
+    of one, in this process, and computes what it did before."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import FSDPModule
+    from transformers import GPT2Config, GPT2LMHeadModel
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=2,
+                                       bos_token_id=0, eos_token_id=0)).eval()   # eval: no dropout
+    ids = torch.randint(0, 64, (2, 8))
+    with torch.no_grad():
+        want = model(ids).logits
+    blocks = list(model.transformer.h)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        monkeypatch.setattr(fsdp, "_DIST", True)
+        sharded = fsdp.shard(model, torch.device("cpu"))
+        assert all(isinstance(b, FSDPModule) for b in blocks) and isinstance(sharded, FSDPModule)
+        with torch.no_grad():
+            assert torch.allclose(sharded(ids).logits, want, atol=1e-5)
+    finally:
+        dist.destroy_process_group()
+    llama = build_tiny("treasure", seed=0)[0]       # and the tiny Llama's are still model.layers
+    assert fsdp.decoder_layers(llama) == list(llama.model.layers)
+
+
 def test_entropy_is_on_the_graph_only_with_an_entropy_bonus():
     """Without --entropy_coef the per-token entropy (over the whole vocabulary) is a metric: no graph,
     no backward work; with it, it must carry the gradient of the bonus."""

@@ -119,6 +119,53 @@ def test_group_mismatch_fails_loudly(monkeypatch):
         envs.reset([0])
 
 
+class FreeText(TreasureHunt):
+    """An env that lists no admissible actions (free-text answers; the README allows it)."""
+
+    def _info(self, won):
+        return {**super()._info(won), "admissible_actions": []}
+
+
+def test_an_env_without_admissible_actions_builds_the_tiny_corpus_and_a_random_baseline(monkeypatch):
+    """The tiny model's corpus and the random baseline play a random admissible action; with none
+    listed they play the empty action (a no-op step) instead of crashing."""
+    import sys
+    import envs as registry
+    import evaluate
+    import prompts.treasure
+    import tiny
+    import train
+    monkeypatch.setitem(registry.ENVS, "freetext", ("tests.test_envs", "FreeText", {}))
+    monkeypatch.setitem(sys.modules, "prompts.freetext", prompts.treasure)
+    text = list(tiny.corpus("freetext", episodes=2))
+    assert any(t.startswith("at (") for t in text)
+    cfg = train.Config(env="freetext", eval_episodes=3)
+    rates = evaluate.random_policy_success(cfg, GroupedEnvs("freetext", 3, 1))
+    assert rates == {"held-out": 0.0}   # the no-op never walks onto the treasure
+
+
+@pytest.mark.parametrize("package, banned", [
+    ("envs", {"prompts", "tiny", "rollout", "train", "ppo", "fsdp", "evaluate", "records", "checks", "gigpo",
+              "memory", "smollm2", "bench", "torch", "transformers", "vllm", "peft"}),
+    ("prompts", {"tiny", "rollout", "train", "ppo", "fsdp", "evaluate", "records", "checks", "gigpo",
+                 "memory", "smollm2", "bench", "torch", "transformers", "vllm", "peft"}),
+])
+def test_imports_run_one_way(package, banned):
+    """No env imports a prompt module or anything of a model (envs/__init__.py): prompts may import
+    from envs, never the reverse, and neither imports a model; every import statement counts, also
+    one inside a function."""
+    import ast
+    import glob
+    import os
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for path in sorted(glob.glob(os.path.join(root, package, "*.py"))):
+        for node in ast.walk(ast.parse(open(path).read())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            for name in names:
+                assert name.split(".")[0] not in banned, f"{os.path.relpath(path, root)} imports {name}"
+
+
 def test_unknown_names():
     with pytest.raises(ValueError, match="--env"):
         make_env("nope")
