@@ -76,7 +76,8 @@ def task_ids(root, split):
 
 def task_type(root, task_id):
     """The apps the task needs, "+"-joined: ground_truth/required_apps.json where the data has it, else
-    the apps its evaluation.py reads (models.start.APP / models.end.APP), else "unknown"."""
+    the apps its evaluation.py reads (models.start.APP / models.end.APP), else "unknown"; the supervisor
+    app counts only where it is the only one (every task talks to it)."""
     folder = os.path.join(root, "data", "tasks", task_id, "ground_truth")
     try:
         with open(os.path.join(folder, "required_apps.json")) as f:
@@ -87,7 +88,7 @@ def task_type(root, task_id):
                 apps = set(re.findall(r"models\.(?:start|end)\.(\w+)\.", f.read()))
         except OSError:
             apps = set()
-    apps -= {"admin", "supervisor", "api_docs"}
+    apps -= {"admin", "api_docs"} | ({"supervisor"} if len(apps - {"admin", "api_docs"}) > 1 else set())
     return "+".join(sorted(apps)) or "unknown"
 
 

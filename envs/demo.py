@@ -179,6 +179,7 @@ if __name__ == "__main__":
     {"webshop": webshop, "search": search, "appworld": appworld}[sys.argv[1]](sys.argv[2])
     print(f"wrote {sys.argv[2]}; use --env {sys.argv[1]} --env_args data_dir={sys.argv[2]}")
     if sys.argv[1] == "appworld":
-        sys.exit(f"then start its servers: python -m envs.appworld serve N {sys.argv[2]}")
+        print(f"then start its servers: python -m envs.appworld serve N {sys.argv[2]}")
+        sys.exit()
     print("test split: " + ", ".join(f"{policy} policy success {success:.3f} mean reward {reward:.3f}"
                                       for policy, (success, reward) in baselines(*sys.argv[1:]).items()))
