@@ -48,7 +48,6 @@ INVALID = ("Your previous reply had no code to run. Reason inside <think> </thin
 SUGGESTED = ["print(apis.api_docs.show_app_descriptions())", "print(apis.supervisor.show_active_task())",
              "apis.supervisor.complete_task(status='fail')"]
 SERVE_HINT = "start them with `python -m envs.appworld serve N` and give --env_args servers=URL;URL or $APPWORLD_SERVERS"
-TRAIN_DEFAULTS = {"memory": "window", "memory_k": 2, "max_response_tokens": 1024}
 TINY_CORPUS_EPISODES = 4   # each one needs a server: keep the tiny model's corpus small
 VENV = os.environ.get("APPWORLD_VENV", os.path.expanduser("~/appworld-venv"))
 
