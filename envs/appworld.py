@@ -47,7 +47,8 @@ INVALID = ("Your previous reply had no code to run. Reason inside <think> </thin
            "code to run between <code> and </code>.")
 SUGGESTED = ["print(apis.api_docs.show_app_descriptions())", "print(apis.supervisor.show_active_task())",
              "apis.supervisor.complete_task(status='fail')"]
-SERVE_HINT = "start them with `python -m envs.appworld serve N` and give --env_args servers=URL;URL or $APPWORLD_SERVERS"
+SERVE_HINT = ("start them with `python -m envs.appworld serve N` and give --env_args servers=URL;URL or "
+              "$APPWORLD_SERVERS")
 TINY_CORPUS_EPISODES = 4   # each one needs a server: keep the tiny model's corpus small
 VENV = os.environ.get("APPWORLD_VENV", os.path.expanduser("~/appworld-venv"))
 
@@ -57,8 +58,8 @@ def data_root(data_dir=None):
     if not root or not os.path.isdir(os.path.join(root, "data", "datasets")):
         raise FileNotFoundError(
             f"appworld: no AppWorld data ({root or 'no root given'}): give --env_args data_dir=DIR or set "
-            f"$APPWORLD_ROOT to a folder with data/datasets and data/tasks (`python -m envs.appworld install` "
-            f"downloads them), or make the demo set: python -m envs.demo appworld DIR")
+            f"$APPWORLD_ROOT to a folder with data/datasets and data/tasks (`python -m envs.appworld "
+            f"install` downloads them), or make the demo set: python -m envs.demo appworld DIR")
     return root
 
 
@@ -108,13 +109,14 @@ def claim_server(urls):
             return url, lock
         except OSError:
             lock.close()
-    raise RuntimeError(f"appworld: all {len(urls)} AppWorld servers are held by other envs; each env needs its "
-                       f"own: {SERVE_HINT}")
+    raise RuntimeError(f"appworld: all {len(urls)} AppWorld servers are held by other envs; each env needs "
+                       f"its own: {SERVE_HINT}")
 
 
 def call(url, method, timeout=600, **body):
     """POST url/method with a JSON body -> its "output" (AppWorld's environment server protocol)."""
-    request = urllib.request.Request(f"{url}/{method}", json.dumps(body).encode(), {"Content-Type": "application/json"})
+    request = urllib.request.Request(f"{url}/{method}", json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             return json.load(response)["output"]
@@ -130,15 +132,16 @@ def call(url, method, timeout=600, **body):
 class AppWorld(gymnasium.Env):
     def __init__(self, data_dir=None, split="train", servers="", max_steps=50, timeout=600):
         if split not in SPLITS or type(max_steps) is not int or max_steps < 1:
-            raise ValueError(f"appworld: split must be one of {', '.join(SPLITS)} and max_steps an integer >= 1; "
-                             f"got split={split!r} max_steps={max_steps!r}")
+            raise ValueError(f"appworld: split must be one of {', '.join(SPLITS)} and max_steps an integer "
+                             f">= 1; got split={split!r} max_steps={max_steps!r}")
         self.root, self.split, self.max_steps, self.timeout = data_root(data_dir), split, max_steps, timeout
         self.tasks = task_ids(self.root, split)
-        self.urls, self.url, self.lock, self.task_id, self.open = servers_list(servers), None, None, None, False
+        self.urls, self.url, self.lock = servers_list(servers), None, None
+        self.task_id, self.open = None, False   # open: a task world is up on the server
         self.observation_space, self.action_space = TextSpace(), TextSpace(SUGGESTED)
 
     def _server(self):
-        if self.url is None:   # at the first reset, not in __init__: train.py's checks build envs it never plays
+        if self.url is None:   # at the first reset, not in __init__: train.py's checks build unplayed envs
             if not self.urls:
                 raise RuntimeError(f"appworld: no AppWorld server given: {SERVE_HINT}")
             self.url, self.lock = claim_server(self.urls)
@@ -155,9 +158,9 @@ class AppWorld(gymnasium.Env):
         out = call(url, "initialize", self.timeout, task_id=self.task_id,
                    experiment_name="gigpo-" + re.sub(r"\W+", "-", url.split("//")[-1]))
         self.open, sup = True, out["supervisor"]
-        obs = (f"My name is: {sup['first_name']} {sup['last_name']}. My personal email address is: {sup['email']} "
-               f"and phone number: {sup['phone_number']}.\nTask: {out['instruction']}")
-        self.first_obs, self.type = obs, task_type(self.root, self.task_id)   # the prompt shows first_obs every step
+        obs = (f"My name is: {sup['first_name']} {sup['last_name']}. My personal email address is: "
+               f"{sup['email']} and phone number: {sup['phone_number']}.\nTask: {out['instruction']}")
+        self.first_obs, self.type = obs, task_type(self.root, self.task_id)   # the prompt shows it every step
         return obs, self._info(False, obs)
 
     def step(self, action):
@@ -214,7 +217,8 @@ def serve(n, root, port=8000, venv=VENV):
     each answers -> (their URLs as $APPWORLD_SERVERS wants them, the processes)."""
     exe = os.path.join(venv, "bin", "appworld")
     if not os.path.exists(exe):
-        raise FileNotFoundError(f"appworld: no {exe}: run `python -m envs.appworld install` (or set $APPWORLD_VENV)")
+        raise FileNotFoundError(f"appworld: no {exe}: run `python -m envs.appworld install` (or set "
+                                f"$APPWORLD_VENV)")
     procs, urls = [], [f"http://127.0.0.1:{port + i}" for i in range(n)]
     for i in range(n):
         procs.append(subprocess.Popen([exe, "serve", "environment", "--port", str(port + i), "--root", root,
@@ -241,13 +245,13 @@ cd "$2" && "$1/bin/appworld" download data
 """
 
 if __name__ == "__main__":
-    usage = ("usage: python -m envs.appworld install [ROOT]   (AppWorld in $APPWORLD_VENV, its data in ROOT)\n"
-             "       python -m envs.appworld serve N [ROOT] [PORT]   (N environment servers; Ctrl-C stops them)")
+    usage = ("usage: python -m envs.appworld install [ROOT]   (AppWorld in $APPWORLD_VENV, data in ROOT)\n"
+             "       python -m envs.appworld serve N [ROOT] [PORT]   (N servers; Ctrl-C stops them)")
     args = sys.argv[1:]
     if not args or args[0] not in ("install", "serve") or (args[0] == "serve" and len(args) < 2):
         sys.exit(usage)
-    root = os.path.abspath(args[2 if args[0] == "serve" else 1] if len(args) > (2 if args[0] == "serve" else 1)
-                           else os.environ.get("APPWORLD_ROOT", "appworld_root"))
+    k = 2 if args[0] == "serve" else 1   # where ROOT is
+    root = os.path.abspath(args[k] if len(args) > k else os.environ.get("APPWORLD_ROOT", "appworld_root"))
     if args[0] == "install":
         os.makedirs(root, exist_ok=True)
         subprocess.run(["bash", "-c", INSTALL, "install", VENV, root], check=True)

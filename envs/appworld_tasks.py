@@ -20,7 +20,7 @@ import sys
 from datetime import datetime
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path = [p for p in sys.path if os.path.abspath(p or ".") != HERE]   # else `import appworld` finds envs/appworld.py
+sys.path = [p for p in sys.path if os.path.abspath(p or ".") != HERE]   # else appworld = envs/appworld.py
 ROOT = os.path.abspath(sys.argv[1])
 os.environ["APPWORLD_ROOT"] = ROOT   # before appworld is imported: its path store reads it
 
@@ -43,10 +43,12 @@ def evaluate(test, public_data, private_data, main_user, models, ground_truth_an
     with test("the task is marked complete with the right answer"):
         test.answer(json.loads(task.answer), ground_truth_answer)
 '''
-NOTE_EVAL = ANSWER_EVAL + '''    user = [u for u in models.end.simple_note.User.all() if u.email == main_user.email][0]
+NOTE_EVAL = ANSWER_EVAL + '''    users = models.end.simple_note.User.all()
+    user = [u for u in users if u.email == main_user.email][0]
     notes = [n for n in models.end.simple_note.Note.all() if n.user_id == user.id]
     with test("a note with the asked title and content exists"):
-        made = [n for n in notes if n.title.strip() == public_data.title and n.content.strip() == public_data.content]
+        asked = (public_data.title, public_data.content)
+        made = [n for n in notes if (n.title.strip(), n.content.strip()) == asked]
         test.case(len(made), ">", 0)
 '''
 
@@ -68,26 +70,31 @@ def make_task(task_id, rng, docs, apps):
     first, last = rng.choice(FIRST), rng.choice(LAST)
     person = {"first_name": first, "last_name": last, "email": f"{first.lower()}.{last.lower()}@example.com",
               "phone_number": f"555{rng.randrange(10**7):07d}", "birthday": "1990-04-02"}
-    mc = ModelCollection.load(to_db_home_path=f":memory:demo-{task_id}", load_apps=["admin", *apps], create_db=True)
+    mc = ModelCollection.load(to_db_home_path=f":memory:demo-{task_id}", load_apps=["admin", *apps],
+                              create_db=True)
     for by_name in docs.values():   # the api_docs app serves the docs from its database
         for doc in by_name.values():
-            mc.api_docs.ApiDoc.create_save(**{"app_name_" if k == "app_name" else k: v for k, v in doc.items()})
+            mc.api_docs.ApiDoc.create_save(**{("app_name_" if k == "app_name" else k): v
+                                              for k, v in doc.items()})
     mc.admin.MainUser.create_save(**person)
     sup = mc.supervisor.Supervisor.create_save(**person)
     password = f"{rng.choice(WORDS)}-{rng.randrange(10**4):04d}"
-    mc.supervisor.AccountPassword.create_save(supervisor_id=sup.id, account_name="simple_note", password=password)
+    mc.supervisor.AccountPassword.create_save(supervisor_id=sup.id, account_name="simple_note",
+                                              password=password)
     zips = {}
     for name in ("Home", "Work"):
         zips[name] = rng.randrange(10**4, 10**5)
-        mc.supervisor.Address.create_save(supervisor_id=sup.id, name=name, street_address=f"{rng.randrange(1, 999)} "
-                                          f"{rng.choice(WORDS).title()} St", city="Springfield", state="OR",
-                                          country="United States", zip_code=zips[name])
-    user = mc.simple_note.User.create_save(first_name=first, last_name=last, email=person["email"], password=password,
-                                           verified=True)
+        street = f"{rng.randrange(1, 999)} {rng.choice(WORDS).title()} St"
+        mc.supervisor.Address.create_save(supervisor_id=sup.id, name=name, street_address=street,
+                                          city="Springfield", state="OR", country="United States",
+                                          zip_code=zips[name])
+    user = mc.simple_note.User.create_save(first_name=first, last_name=last, email=person["email"],
+                                           password=password, verified=True)   # login wants it verified
     words = rng.sample(WORDS, 5)
     titles = [f"{w.title()} {rng.choice(['list', 'ideas', 'plan', 'log'])}" for w in words]
     for w, title in zip(words, titles):
-        mc.simple_note.Note.create_save(user_id=user.id, title=title, content=f"Remember the {w} on {rng.choice(WORDS)}",
+        mc.simple_note.Note.create_save(user_id=user.id, title=title,
+                                        content=f"Remember the {w} on {rng.choice(WORDS)}",
                                         created_at=datetime(2023, 5, rng.randint(1, 17)))
     public, required, evaluation = {}, ["simple_note"], ANSWER_EVAL
     if kind == "notetitle":
@@ -100,7 +107,8 @@ def make_task(task_id, rng, docs, apps):
         answer, evaluation = None, NOTE_EVAL
     else:
         name = rng.choice(list(zips))
-        instruction, answer, required = f"What is the zip code of my {name.lower()} address?", zips[name], ["supervisor"]
+        instruction = f"What is the zip code of my {name.lower()} address?"
+        answer, required = zips[name], ["supervisor"]
     mc.supervisor.Task.create_save(supervisor_id=sup.id, instruction=instruction)
     task = Task(id=task_id, instruction=instruction, datetime=datetime(2023, 5, 18, 12, 0), allowed_apps=apps,
                 supervisor=MainUserMunch(**person, account_passwords={}, addresses={}, payment_cards={}),

@@ -133,7 +133,8 @@ def appworld(out_dir, n_train=12, n_test=6, seed=0, venv=None):
     from envs.appworld import VENV
     python = os.path.join(venv or VENV, "bin", "python")
     if not os.path.exists(python):
-        raise FileNotFoundError(f"appworld: no {python}: run `python -m envs.appworld install` or set $APPWORLD_VENV")
+        raise FileNotFoundError(f"appworld: no {python}: run `python -m envs.appworld install` or set "
+                                f"$APPWORLD_VENV")
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "appworld_tasks.py")
     r = subprocess.run([python, script, out_dir, str(n_train), str(n_test), str(seed)], capture_output=True,
                        text=True)

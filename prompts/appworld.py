@@ -2,8 +2,9 @@
 
 `build_chat` (pretrained chat models) says what verl-agent's AppWorld prompt says, in our words: you
 are a coding agent with the apps' APIs, how to discover them (apis.api_docs), the supervisor's
-passwords and the complete_task call; then the supervisor and the task (info["task"]), the memory (the recent code -> output pairs)
-and the latest output; reason inside <think> </think> and put the code inside <code> </code>.
+passwords and the complete_task call; then the supervisor and the task (info["task"]), the memory
+(the recent output -> code pairs) and the latest output; reason inside <think> </think> and put the
+code inside <code> </code>.
 `parse_chat` takes the code between the first <code> and the </code> after it (a ```python fence
 inside it is dropped); no <think> ... </think>, no code or an empty block is invalid (never raises).
 
@@ -12,18 +13,20 @@ env is for pretrained models); `parse` also accepts a suggested action written a
 """
 import re
 
-RULES = ("You are an autonomous coding agent. You complete the day-to-day tasks of your supervisor by writing "
-         "Python code that calls the APIs of their apps (spotify, venmo, gmail, simple_note, todoist, amazon, "
-         "splitwise, phone, file_system) through the `apis` object, e.g. `apis.spotify.login(...)`. Each code "
-         "block runs in the same Python session (variables persist) and you see what it prints.\n"
+RULES = ("You are an autonomous coding agent. You complete the day-to-day tasks of your supervisor by "
+         "writing Python code that calls the APIs of their apps (spotify, venmo, gmail, simple_note, "
+         "todoist, amazon, splitwise, phone, file_system) through the `apis` object, e.g. "
+         "`apis.spotify.login(...)`. "
+         "Each code block runs in the same Python session (variables persist) and you see what it prints.\n"
          "- Find the APIs with apis.api_docs.show_app_descriptions(), apis.api_docs.show_api_descriptions("
-         "app_name='...') and apis.api_docs.show_api_doc(app_name='...', api_name='...'). Never guess an API.\n"
+         "app_name='...') and apis.api_docs.show_api_doc(app_name='...', api_name='...'). Never guess an "
+         "API.\n"
          "- The supervisor's account passwords: apis.supervisor.show_account_passwords(); log in to an app "
          "with its login API to get an access token.\n"
          "- When done, call apis.supervisor.complete_task(answer=...) with the answer if the task asks a "
          "question, else apis.supervisor.complete_task(). Take no other action than the task asks for.")
-FORMAT = ("First reason step by step about what to do next inside <think> </think>, then give the Python code "
-          "to run now inside <code> </code>.")
+FORMAT = ("First reason step by step about what to do next inside <think> </think>, then give the Python "
+          "code to run now inside <code> </code>.")
 
 
 def build_chat(task, history_text, obs, admissible, step):

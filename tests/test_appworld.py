@@ -45,7 +45,8 @@ class Fake(BaseHTTPRequestHandler):
         elif method == "evaluate":
             ok = server.answer == ANSWER
             out = {"success": ok, "difficulty": 1, "num_tests": 2,
-                   "passes": [{"requirement": "r1", "label": None}] * (1 + ok), "failures": [] if ok else [{}]}
+                   "passes": [{"requirement": "r1", "label": None}] * (1 + ok),
+                   "failures": [] if ok else [{}]}
         else:
             out = None
         self.reply(200, {"output": out})
@@ -73,7 +74,8 @@ def task_dir(root, splits=(("train", ["alpha_1", "beta_1", "alpha_2"]), ("test_n
             if task_id.startswith("alpha"):
                 (gt / "required_apps.json").write_text('["venmo", "gmail"]')
             else:
-                (gt / "evaluation.py").write_text("x = models.end.spotify.Song\ny = models.start.supervisor.Task")
+                code = "x = models.end.spotify.Song\ny = models.start.supervisor.Task"
+                (gt / "evaluation.py").write_text(code)
     return str(root)
 
 
@@ -113,7 +115,8 @@ def test_client_speaks_the_servers_protocol(fakes):
                    "Task: What is the answer of beta_1?")
     assert (info["task"], info["won"], info["task_type"], info["anchor"]) == (obs, False, "spotify", obs)
     obs, r, term, trunc, info = env.step("x = 1\nprint(x)")
-    assert (obs, r, term, trunc) == ("ran x = 1\nprint(x)", 0.0, False, False) and info["task"].endswith("beta_1?")
+    assert (obs, r, term, trunc) == ("ran x = 1\nprint(x)", 0.0, False, False)
+    assert info["task"].endswith("beta_1?")
     assert server.calls[-2:] == [("/execute", {"task_id": "beta_1", "code": "x = 1\nprint(x)"}),
                                  ("/task_completed", {"task_id": "beta_1"})]
     n = len(server.calls)
@@ -201,7 +204,8 @@ def test_killed_worker_is_replaced_and_its_episodes_truncated(fakes, capfd):
 @pytest.mark.parametrize("chat", [False, True])
 def test_parsers_never_raise(chat):
     prompt, rng = prompt_module("appworld", chat=chat), random.Random(0)
-    alphabet = ["<code>", "</code>", "<think>", "</think>", "```python\n", "```", "print(1)", " ", "\n", "<", ">", "x"]
+    alphabet = ["<code>", "</code>", "<think>", "</think>", "```python\n", "```", "print(1)", " ", "\n", "<",
+                ">", "x"]
     for _ in range(3000):
         text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 12)))
         action, valid = prompt.parse(text, aw.SUGGESTED)
@@ -209,14 +213,18 @@ def test_parsers_never_raise(chat):
         if valid and action not in aw.SUGGESTED:
             assert "<code>" in text and "<think>" in text and "</code>" not in action
     p = prompt_module("appworld", chat=True)
-    reply = "<think>list apps</think>\n<code>\n```python\nprint(apis.api_docs.show_app_descriptions())\n```\n</code>"
+    reply = ("<think>list apps</think>\n<code>\n```python\nprint(apis.api_docs.show_app_descriptions())"
+             "\n```\n</code>")
     assert p.parse(reply, []) == ("print(apis.api_docs.show_app_descriptions())", True)
-    assert p.parse("<think>a</think><code>\nx = 1\n  print(x)</code><code>y</code>", []) == ("x = 1\n  print(x)", True)
-    for bad in ("<code>print(1)</code>", "<think>a</think><code> \n </code>", "<think>a</think> print(1)", None, ""):
+    two = "<think>a</think><code>\nx = 1\n  print(x)</code><code>y</code>"
+    assert p.parse(two, []) == ("x = 1\n  print(x)", True)
+    for bad in ("<code>print(1)</code>", "<think>a</think><code> \n </code>", "<think>a</think> print(1)",
+                None, ""):
         assert p.parse(bad, []) == ("", False)
     tiny = prompt_module("appworld")
     assert tiny.parse(" print(apis.supervisor.show_active_task()) ", aw.SUGGESTED) == (aw.SUGGESTED[1], True)
-    msg = p.build("My name is: Ada. Task: do it", "[out -> code]", "Execution successful.", [], 3)[0]["content"]
+    msg = p.build("My name is: Ada. Task: do it", "[out -> code]", "Execution successful.", [], 3)
+    msg = msg[0]["content"]
     assert "Task: do it" in msg and "[out -> code]" in msg and "step 4" in msg and "<code>" in msg
 
 
@@ -225,16 +233,17 @@ def test_parsers_never_raise(chat):
 def scripted(obs):
     """The code that solves a demo task, from its instruction (one step)."""
     email = re.search(r"email address is: (\S+) and", obs).group(1)
-    login = ("pw = [a for a in apis.supervisor.show_account_passwords() if a['account_name'] == 'simple_note']"
-             f"[0]['password']\ntok = apis.simple_note.login(username='{email}', password=pw)['access_token']\n")
+    login = ("pw = [a for a in apis.supervisor.show_account_passwords() if a['account_name'] == "
+             "'simple_note'][0]['password']\n"
+             f"tok = apis.simple_note.login(username='{email}', password=pw)['access_token']\n")
     if m := re.search(r"note that mentions (\w+)\?", obs):
         return login + (f"notes = apis.simple_note.search_notes(access_token=tok, query='{m.group(1)}')\n"
                         "apis.supervisor.complete_task(answer=notes[0]['title'])")
     if m := re.search(r'titled "(.+)" with the content "(.+)"\.', obs):
-        return login + (f"apis.simple_note.create_note(access_token=tok, title={m.group(1)!r}, content={m.group(2)!r})"
-                        "\napis.supervisor.complete_task()")
+        return login + (f"apis.simple_note.create_note(access_token=tok, title={m.group(1)!r}, "
+                        f"content={m.group(2)!r})\napis.supervisor.complete_task()")
     name = re.search(r"zip code of my (\w+) address", obs).group(1)
-    return ("a = [a for a in apis.supervisor.show_addresses() if a['name'].lower() == " + repr(name) + "][0]\n"
+    return (f"a = [a for a in apis.supervisor.show_addresses() if a['name'].lower() == {name!r}][0]\n"
             "apis.supervisor.complete_task(answer=a['zip_code'])")
 
 
@@ -243,7 +252,8 @@ def real(tmp_path_factory):
     """The demo set (3 train, 3 test tasks) and 2 real AppWorld servers on it."""
     python = os.path.join(aw.VENV, "bin", "python")
     if not os.path.exists(python):
-        pytest.skip(f"no AppWorld virtualenv at {aw.VENV} (set $APPWORLD_VENV; python -m envs.appworld install)")
+        pytest.skip(f"no AppWorld virtualenv at {aw.VENV} (set $APPWORLD_VENV; python -m envs.appworld "
+                    f"install)")
     root = demo_sets.appworld(str(tmp_path_factory.mktemp("appworld_demo")), n_train=3, n_test=3)
     port = 18000 + os.getpid() % 1000 * 2
     urls, procs = aw.serve(2, root, port=port)
@@ -264,7 +274,8 @@ def test_demo_set_on_the_real_server_random_and_scripted(real):
             types.append(info["task_type"])
             done = False
             while not done:
-                action = rng.choice(info["admissible_actions"]) if policy == "random" else scripted(info["task"])
+                action = (rng.choice(info["admissible_actions"]) if policy == "random"
+                          else scripted(info["task"]))
                 obs, r, term, trunc, info = env.step(action)
                 done = term or trunc
             wins[policy].append((info["won"], r, info["tests"]))
