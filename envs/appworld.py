@@ -257,7 +257,10 @@ if __name__ == "__main__":
         subprocess.run(["bash", "-c", INSTALL, "install", VENV, root], check=True)
         print(f"AppWorld in {VENV}, its data in {root}/data; next: python -m envs.appworld serve N {root}")
     else:
-        urls, procs = serve(int(args[1]), root, int(args[3]) if len(args) > 3 else 8000)
+        try:
+            urls, procs = serve(int(args[1]), root, int(args[3]) if len(args) > 3 else 8000)
+        except (FileNotFoundError, RuntimeError) as e:   # one line, not a traceback
+            sys.exit(f"error: {e}")
         print(f"{len(procs)} AppWorld servers up; in another shell:\n  export APPWORLD_ROOT={root} "
               f"APPWORLD_SERVERS='{urls}'\n  python train.py --env appworld", flush=True)
         try:
