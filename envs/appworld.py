@@ -231,6 +231,8 @@ def serve(n, root, port=8000, venv=VENV):
                 break
             except OSError:
                 if p.poll() is not None:
+                    for q in procs:   # no half-started set left running
+                        q.kill()
                     raise RuntimeError(f"appworld: the server for {url} exited: "
                                        f"{p.stderr.read().decode(errors='replace')[-500:]}")
                 time.sleep(0.5)
