@@ -213,18 +213,21 @@ def eval_sets(n=None, names=None, **env_args):
 
 
 def serve(n, root, port=8000, venv=VENV):
-    """Start n environment servers on ports port..port+n-1 (AppWorld's venv, root `root`), wait until
-    each answers -> (their URLs as $APPWORLD_SERVERS wants them, the processes)."""
+    """Start n environment servers on ports port..port+n-1 (AppWorld's venv, root `root`, each logging to
+    root/server-PORT.log), wait until each answers -> (their URLs as $APPWORLD_SERVERS wants them, the
+    processes)."""
     exe = os.path.join(venv, "bin", "appworld")
     if not os.path.exists(exe):
         raise FileNotFoundError(f"appworld: no {exe}: run `python -m envs.appworld install` (or set "
                                 f"$APPWORLD_VENV)")
     procs, urls = [], [f"http://127.0.0.1:{port + i}" for i in range(n)]
+    logs = [os.path.join(root, f"server-{port + i}.log") for i in range(n)]   # a file: a pipe would fill
     for i in range(n):
-        procs.append(subprocess.Popen([exe, "serve", "environment", "--port", str(port + i), "--root", root,
-                                       "--no-show-usage"], env={**os.environ, "APPWORLD_ROOT": root},
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
-    for url, p in zip(urls, procs):
+        with open(logs[i], "w") as log:
+            command = [exe, "serve", "environment", "--port", str(port + i), "--root", root, "--no-show-usage"]
+            procs.append(subprocess.Popen(command, env={**os.environ, "APPWORLD_ROOT": root}, stdout=log,
+                                          stderr=subprocess.STDOUT))
+    for url, p, log in zip(urls, procs, logs):
         while True:
             try:
                 urllib.request.urlopen(url + "/", timeout=2).close()
@@ -233,8 +236,9 @@ def serve(n, root, port=8000, venv=VENV):
                 if p.poll() is not None:
                     for q in procs:   # no half-started set left running
                         q.kill()
-                    raise RuntimeError(f"appworld: the server for {url} exited: "
-                                       f"{p.stderr.read().decode(errors='replace')[-500:]}")
+                    with open(log) as f:
+                        tail = " ".join(f.read().split())[-300:]
+                    raise RuntimeError(f"appworld: the server for {url} exited ({log}): {tail}")
                 time.sleep(0.5)
     return ";".join(urls), procs
 
