@@ -224,7 +224,8 @@ def serve(n, root, port=8000, venv=VENV):
     logs = [os.path.join(root, f"server-{port + i}.log") for i in range(n)]   # a file: a pipe would fill
     for i in range(n):
         with open(logs[i], "w") as log:
-            command = [exe, "serve", "environment", "--port", str(port + i), "--root", root, "--no-show-usage"]
+            command = [exe, "serve", "environment", "--port", str(port + i), "--root", root,
+                       "--no-show-usage"]
             procs.append(subprocess.Popen(command, env={**os.environ, "APPWORLD_ROOT": root}, stdout=log,
                                           stderr=subprocess.STDOUT))
     for url, p, log in zip(urls, procs, logs):
