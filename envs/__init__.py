@@ -55,6 +55,7 @@ ENVS = {  # name -> (module, class, default kwargs)
     "sokoban": ("envs.sokoban", "Sokoban", {}),
     "webshop": ("envs.webshop", "WebShop", {}),
     "search": ("envs.search", "Search", {}),
+    "appworld": ("envs.appworld", "AppWorld", {}),
 }
 
 

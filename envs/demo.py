@@ -5,9 +5,13 @@ demo when the real data is not at hand (docs/envs.md says where to get it):
                                       items_human_ins.json: 72 products of 6 types, one instruction each
     python -m envs.demo search DIR    Search-R1's corpus.jsonl ({"id", "contents"}) and train/test.jsonl
                                       ({"question", "golden_answers"}): 1-3 hop questions
+    python -m envs.demo appworld DIR  AppWorld's data/ (tasks with their databases and evaluation, API
+                                      docs, datasets/*.txt): 18 tasks of 3 kinds, made by AppWorld's own
+                                      code in its virtualenv ($APPWORLD_VENV; envs/appworld_tasks.py)
 
 Then `--env webshop --env_args data_dir=DIR` (or `--env search`). Deterministic in `seed`. The
-command also prints two baselines on the set's test split: a random admissible action, and `rule`.
+command also prints two baselines on the set's test split: a random admissible action, and `rule`
+(not for appworld: playing it needs servers).
 """
 import json
 import os
@@ -121,6 +125,24 @@ def search(out_dir, n_companies=60, seed=0, test_share=0.2):
 
 
 
+def appworld(out_dir, n_train=12, n_test=6, seed=0, venv=None):
+    """Run envs/appworld_tasks.py in AppWorld's virtualenv (it needs AppWorld's code; we never import
+    it) -> out_dir, an AppWorld root for --env_args data_dir= and `appworld serve environment --root`."""
+    import subprocess
+    import sys
+    from envs.appworld import VENV
+    python = os.path.join(venv or VENV, "bin", "python")
+    if not os.path.exists(python):
+        raise FileNotFoundError(f"appworld: no {python}: run `python -m envs.appworld install` or set "
+                                f"$APPWORLD_VENV")
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "appworld_tasks.py")
+    r = subprocess.run([python, script, out_dir, str(n_train), str(n_test), str(seed)], capture_output=True,
+                       text=True)
+    if r.returncode != 0:
+        sys.exit(f"appworld demo: {script} failed in {python}:\n{r.stderr[-3000:]}")
+    return out_dir
+
+
 def rule(info):
     """The rule baseline: WebShop's (search the instruction, click the first result, buy now); for
     Search, search the question and answer the first passage's title."""
@@ -153,9 +175,12 @@ def baselines(name, data_dir, seed=0):
 
 if __name__ == "__main__":
     import sys
-    if len(sys.argv) != 3 or sys.argv[1] not in ("webshop", "search"):
-        sys.exit("usage: python -m envs.demo webshop|search DIR")
-    {"webshop": webshop, "search": search}[sys.argv[1]](sys.argv[2])
+    if len(sys.argv) != 3 or sys.argv[1] not in ("webshop", "search", "appworld"):
+        sys.exit("usage: python -m envs.demo webshop|search|appworld DIR")
+    {"webshop": webshop, "search": search, "appworld": appworld}[sys.argv[1]](sys.argv[2])
     print(f"wrote {sys.argv[2]}; use --env {sys.argv[1]} --env_args data_dir={sys.argv[2]}")
+    if sys.argv[1] == "appworld":
+        print(f"then start its servers: python -m envs.appworld serve N {sys.argv[2]}")
+        sys.exit()
     print("test split: " + ", ".join(f"{policy} policy success {success:.3f} mean reward {reward:.3f}"
                                       for policy, (success, reward) in baselines(*sys.argv[1:]).items()))

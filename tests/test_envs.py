@@ -1,3 +1,5 @@
+import contextlib
+
 import pytest
 
 from envs import ENVS, GroupedEnvs, make_env
@@ -244,9 +246,7 @@ def test_every_env_is_a_checked_gymnasium_env(name, tmp_path):
     """gymnasium.make works for every registered env and gymnasium's env checker passes; reset(seed)
     (how GroupedEnvs calls it) equals reset(seed=...). ALFWorld on the games test_alfworld.py finds
     or unpacks ($ALFWORLD_DATA, else the archive in ../shared: skipped only without either);
-    WebShop and Search on their generated demo sets."""
-    import gymnasium
-    from gymnasium.utils.env_checker import check_env
+    WebShop and Search on their generated demo sets; AppWorld against test_appworld.py's stand-in server."""
     module, cls, kwargs = ENVS[name]
     if name == "alfworld":
         from test_alfworld import games_dir   # before alfworld is imported: it sets $ALFWORLD_DATA
@@ -254,10 +254,23 @@ def test_every_env_is_a_checked_gymnasium_env(name, tmp_path):
     if name in ("webshop", "search"):
         from envs import demo
         kwargs = {"data_dir": getattr(demo, name)(str(tmp_path))}
+    servers = contextlib.nullcontext(({}, None))
+    if name == "appworld":   # against test_appworld.py's stand-in servers (the real one: test_appworld.py)
+        from test_appworld import fake_servers
+        servers = fake_servers(tmp_path)
+    with servers as (server_kwargs, _):
+        check_made_env(name, cls, {**kwargs, **server_kwargs})
+
+
+def check_made_env(name, cls, kwargs):
+    import gymnasium
+    from gymnasium.utils.env_checker import check_env
     env = gymnasium.make(f"gigpo/{cls}-v0", **kwargs).unwrapped
     assert isinstance(env, gymnasium.Env)
     check_env(env, skip_render_check=True)
-    assert env.reset(7)[0] == env.reset(seed=7)[0] == make_env(name, **kwargs).reset(7)[0]
+    other = make_env(name, **kwargs)
+    assert env.reset(7)[0] == env.reset(seed=7)[0] == other.reset(7)[0]
+    env.close(), other.close()
 
 
 def test_sft_check_runs_and_fits(tiny_model, tmp_path, capsys):
