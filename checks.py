@@ -17,7 +17,6 @@ import torch
 import gigpo
 from envs import ENVS, env_module, make_env, parse_env_args
 from memory import MEMORIES
-from ppo import LOSSES
 from prompts import prompt_module
 from engine import ENGINES
 
@@ -37,13 +36,14 @@ def first_line(e):
 def check_config(cfg):
     """Bad input -> one line that names the flag, before any heavy work (and before metrics.jsonl
     is touched): a value that would only fail later would do so after minutes, mid-run."""
+    import ppo   # here, not at the top: ppo -> fsdp -> checks (fail)
     bad = fail
     for f in dataclasses.fields(cfg):   # nan / inf in any float flag ends as NaN weights
         value = getattr(cfg, f.name)
         if isinstance(value, float) and not math.isfinite(value):
             bad(f"--{f.name} {value}: must be a finite number")
     for flag, names in (("env", ENVS), ("memory", MEMORIES), ("algo", gigpo.ALGOS), ("norm", gigpo.NORMS),
-                        ("stats", gigpo.STATS), ("loss", LOSSES), ("engine", ENGINES), ("device", DEVICES),
+                        ("stats", gigpo.STATS), ("loss", ppo.LOSSES), ("engine", ENGINES), ("device", DEVICES),
                         ("compile", ("auto", "1", "0"))):
         if getattr(cfg, flag) not in names:
             bad(f"unknown {flag} {getattr(cfg, flag)!r}: use --{flag} with one of {', '.join(names)}")
