@@ -90,6 +90,10 @@ def test_chat_prompt_names_the_current_target():
     assert "The key is at row 1, column 4, that is 1 row above you and 3 columns to your right" in before
     assert "You have the key. The door is at row 3, column 0" in after
     assert chat.parse("Left.", ["up", "down", "left", "right"]) == ("left", True)
+    door = chat.build("t", "", "at (2, 1) door (3, 0)", [], 0)[0]["content"]   # key=0: no key in the rules
+    assert "key" not in door and "Walk onto the door to open it" in door
+    coords = prompt_module("keydoor", chat=True, variant="coords").build("t", "", "at (2, 1) door (3, 0) have key", [], 0)
+    assert coords[0]["content"] == after.replace(", that is 1 row below you and 1 column to your left", "")
 
 
 def test_mann_whitney_and_bootstrap_by_hand():
