@@ -63,7 +63,7 @@ def check_config(cfg):
     for name in ("eval_every", "eval_episodes", "threads", "ppo_epochs"):
         if getattr(cfg, name) < 1:
             bad(f"--{name} {getattr(cfg, name)} must be >= 1")
-    for name in ("memory_k", "env_workers", "train_seeds", "peak_tflops", "kl_coef", "weight_decay", "lr_min",
+    for name in ("seed", "memory_k", "env_workers", "train_seeds", "peak_tflops", "kl_coef", "weight_decay", "lr_min",
                  "clip_high", "vf_coef", "vf_clip", "overlong_penalty"):
         if getattr(cfg, name) < 0:
             bad(f"--{name} {getattr(cfg, name)} must be >= 0")
