@@ -36,9 +36,9 @@ warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavai
 # measured on; engine, kv_cache_mb, gpu_memory_utilization, compile: how the same distribution is
 # sampled and computed; log_groups, log_mb, peak_tflops: what is logged); env_args: compared as the
 # env's arguments (env_kwargs), so spelling out a default changes nothing
-RESUME_FREE = {"resume", "iterations", "eval_every", "time_limit", "threads", "env_workers", "wandb", "device", "out_dir",
-               "logp_every", "engine", "kv_cache_mb", "gpu_memory_utilization", "compile", "log_groups", "log_mb",
-               "peak_tflops", "env_args"}
+RESUME_FREE = {"resume", "iterations", "eval_every", "time_limit", "threads", "env_workers", "wandb",
+               "device", "out_dir", "logp_every", "engine", "kv_cache_mb", "gpu_memory_utilization", "compile",
+               "log_groups", "log_mb", "peak_tflops", "env_args"}
 RUN_FILES = ("ckpt", "ckpt.old", "model", "metrics.jsonl")   # what makes an out_dir hold a run
 _LOCKS = {}   # out_dir (real path) -> its locked .lock file, open until the process ends
 
@@ -78,9 +78,10 @@ def lock(out_dir):
         f.seek(0)
         holder = f.read().strip() or "another process"
         f.close()
-        fail(f"--out_dir {out_dir} is in use by another run ({holder}); wait for it to end or use another --out_dir")
+        fail(f"--out_dir {out_dir} is in use by another run ({holder}); wait for it to end or use another "
+             f"--out_dir")
     except OSError as e:   # a file system without locks: run unguarded, and say so
-        print(f"note: cannot lock {out_dir}/.lock ({e.strerror}): nothing stops a second run from writing there")
+        print(f"note: cannot lock {out_dir}/.lock ({e.strerror}): nothing stops a second run writing there")
     f.seek(0)
     f.truncate()
     f.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
@@ -159,7 +160,8 @@ def save(out_dir, it, model, tok, opt, sched, rank, config, gen_model=None, extr
             for d in (tmp, tmp_hf):
                 shutil.rmtree(d, ignore_errors=True)
             why = ("failed on another rank" if error is None else "no space left on device"
-                   if _caused(error, _no_space) or free < 1 << 20 else f"{type(error).__name__}: {first_line(error)}")
+                   if _caused(error, _no_space) or free < 1 << 20 else
+                   f"{type(error).__name__}: {first_line(error)}")
             fail(f"iteration {it}: the checkpoint was not saved ({why}; {free >> 20} MiB free on {out_dir}'s "
                  f"disk); {kept_text(out_dir)}")
         fail("the checkpoint was not saved")
@@ -186,7 +188,8 @@ def _write(tmp, tmp_hf, it, model, tok, opt, sched, rank, config, gen_model, ext
         if extra:
             torch.save({k: v.state_dict() for k, v in extra.items()}, os.path.join(tmp, "extra.pt"))
         with open(os.path.join(tmp, "meta.json"), "w") as f:
-            json.dump({"iteration": it, "config": config, "sched": sched.state_dict(), "metrics_line": metrics_line}, f)
+            json.dump({"iteration": it, "config": config, "sched": sched.state_dict(),
+                       "metrics_line": metrics_line}, f)
         from transformers.utils import logging as hf_logging
         hf_logging.disable_progress_bar()
         (gen_model or model).save_pretrained(tmp_hf, state_dict=full)
@@ -194,7 +197,7 @@ def _write(tmp, tmp_hf, it, model, tok, opt, sched, rank, config, gen_model, ext
 
 
 def _no_space(e):
-    return isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT) or "No space left on device" in str(e)
+    return isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT) or "No space left" in str(e)
 
 
 def _caused(e, test):
@@ -280,15 +283,20 @@ def load_checkpoint(path, model, opt, sched, rank, meta, extra=None):
         rng_file = os.path.join(path, f"rng{rank}.pt")
         if os.path.exists(rng_file):
             rng = torch.load(rng_file, weights_only=False)
-            torch.set_rng_state(rng["torch"]), random.setstate(rng["python"]), np.random.set_state(rng["numpy"])
+            torch.set_rng_state(rng["torch"])
+            random.setstate(rng["python"])
+            np.random.set_state(rng["numpy"])
     except (Exception, CheckpointException) as e:   # damage shows as many types (CheckpointException: a
         e = next(iter(e.failures.values()))[0] if isinstance(e, CheckpointException) else e   # BaseException)
-        fail(f"--resume: {path} does not load ({type(e).__name__}: {first_line(e)}); the checkpoint is corrupt")
+        fail(f"--resume: {path} does not load ({type(e).__name__}: {first_line(e)}); the checkpoint is "
+             f"corrupt")
     names = {id(p): n for n, p in model.named_parameters()}
     named = [*model.state_dict().items(),
-             *((f"optimizer {k} of {names.get(id(p), '?')}", v) for p, st in opt.state.items() for k, v in st.items()),
+             *((f"optimizer {k} of {names.get(id(p), '?')}", v)
+               for p, st in opt.state.items() for k, v in st.items()),
              *_tensors(extra_state, "extra.pt")]
-    bad = [n for n, t in named if torch.is_tensor(t) and t.is_floating_point() and not torch.isfinite(_local(t)).all()]
+    bad = [n for n, t in named
+           if torch.is_tensor(t) and t.is_floating_point() and not torch.isfinite(_local(t)).all()]
     if all_reduce(len(bad), "max"):
         fail(f"--resume: {path} holds non-finite values ({', '.join(bad[:3]) or 'on another rank'}); "
              f"the checkpoint is corrupt")
@@ -318,7 +326,8 @@ def kept_log(path, upto, last_line=None):
         except (ValueError, KeyError, TypeError):
             if k == len(lines) - 1:
                 break
-            fail(f"--resume: line {k + 1} of {path} is not a metrics line; remove it or use another --out_dir")
+            fail(f"--resume: line {k + 1} of {path} is not a metrics line; remove it or use another "
+                 f"--out_dir")
         if it <= upto:
             kept.append(line if line.endswith("\n") else line + "\n")
             last = it

@@ -46,7 +46,8 @@ from ppo import Critic, logprobs, state_values, update
 from prompts import prompt_module
 from tiny import is_tiny
 from evaluate import HELD_OUT, eval_plan, eval_what, evaluate, headline, random_policy_success, success_text
-from checkpoint import checkpoint_path, claim_out_dir, interrupted, kept_log, load_checkpoint, open_metrics_log, save
+from checkpoint import (checkpoint_path, claim_out_dir, interrupted, kept_log, load_checkpoint, open_metrics_log,
+                        save)
 from fsdp import (PACKED_ATTN, add_lora, all_finite, all_gather, all_reduce, attn_implementation, balance_tokens,
                   dist_on, fail, finish_dist, first_line, full_parameters, setup_dist, shard)
 from rollout import HFEngine, make_engine, rollout, sync_weights
@@ -367,9 +368,9 @@ def stretch_note(cfg, before, start):
     lr jumps (up when the run grows). Accepted on purpose (it is how a finished run trains on), and
     said here, in one line."""
     old, new = (cfg.lr * lr_scale(start, n, cfg.lr_min) for n in (before, cfg.iterations))
-    return (f"note: --iterations {before} -> {cfg.iterations} stretches the cosine lr schedule over {cfg.iterations} "
-            f"iterations: iteration {start + 1} trains at lr {new:.3g}, {new / old:.2f}x the {old:.3g} of --iterations "
-            f"{before} (docs/training.md, \"Checkpoints and crashes\")")
+    return (f"note: --iterations {before} -> {cfg.iterations} stretches the cosine lr schedule over "
+            f"{cfg.iterations} iterations: iteration {start + 1} trains at lr {new:.3g}, {new / old:.2f}x the "
+            f"{old:.3g} of --iterations {before} (docs/training.md, \"Checkpoints and crashes\")")
 
 
 def train_seed(seed, it, g, n_groups, train_seeds=0):

@@ -7,8 +7,8 @@ Each run gets `--threads` torch threads and its own out dir under --out, OUT/NAM
 distinct, without '/', and a --run sets neither --seed nor --out_dir); its metrics.jsonl is read
 back. An --out that already holds one of those run dirs is refused (train.py would refuse each run):
 `--report` summarises them, a new --out runs again. Runs that fail or end without a held-out eval
-are named in the last line, which exits 1; configs with such runs are not compared. Wall times are those of the machine and the parallelism the command ran with: compare
-configs only within one sweep.
+are named in the last line, which exits 1; configs with such runs are not compared. Wall times are
+those of the machine and the parallelism the command ran with: compare configs only within one sweep.
 
 Below the table, the first config is compared with every other one, their seeds as two samples: the
 difference of mean final held-out success (first - other) with a 95% bootstrap interval (10,000 resamples of each
@@ -42,9 +42,9 @@ def parse_runs(specs):
     for spec in specs:
         name, _, extra = spec.partition("=")
         if not name or "/" in name or name.startswith(".") or name in dict(runs):
-            sys.exit(f"error: --run {name or repr(spec)}: " + ("given twice; each config needs its own name (its "
-                     "runs go to OUT/NAME-sSEED)" if name in dict(runs) else "NAME must be a plain folder name "
-                     "(no '/', not empty, no leading '.')"))
+            sys.exit(f"error: --run {name or repr(spec)}: " + (
+                "given twice; each config needs its own name (its runs go to OUT/NAME-sSEED)"
+                if name in dict(runs) else "NAME must be a folder name (no '/', not empty, no leading '.')"))
         try:
             flags = shlex.split(extra)
         except ValueError as e:   # an unbalanced quote
@@ -87,9 +87,10 @@ def summarise(name, runs, bar, at=None, show=True):
     its = np.array([r["it_bar"] for r in reached], float)
     walls = np.array([r["wall_bar"] for r in reached], float)
     fmt = lambda a, p: f"{a.mean():.{p}f} +- {a.std():.{p}f}" if len(a) else "-"
-    show and print(f"| {name} | {len(reached)}/{len(rows)} | {fmt(its, 0)} | {fmt(walls, 0)} | {fmt(fin, 3)} | "
-          f"{sum(f >= 0.9 for f in fin)}/{len(rows)} | {np.mean([r['wall'] for r in rows]):.0f} | "
-          f"{' '.join(f'{f:.2f}' for f in fin)} |")
+    if show:
+        print(f"| {name} | {len(reached)}/{len(rows)} | {fmt(its, 0)} | {fmt(walls, 0)} | {fmt(fin, 3)} | "
+              f"{sum(f >= 0.9 for f in fin)}/{len(rows)} | {np.mean([r['wall'] for r in rows]):.0f} | "
+              f"{' '.join(f'{f:.2f}' for f in fin)} |")
     return rows
 
 
@@ -165,8 +166,8 @@ def main():
     dirs = [os.path.join(args.out, f"{name}-s{seed}") for name, _, seed in jobs]
     held = [d for d in dirs if os.path.isdir(d) and os.listdir(d)]
     if held and not args.report:
-        sys.exit(f"error: {held[0]} already holds a run ({len(held)} of the {len(dirs)} run dirs do): --report "
-                 f"summarises them; a new --out runs the sweep again")
+        sys.exit(f"error: {held[0]} already holds a run ({len(held)} of the {len(dirs)} run dirs do): "
+                 f"--report summarises them; a new --out runs the sweep again")
     os.makedirs(args.out, exist_ok=True)
     if args.report:
         done = [(name, seed, d, None) for (name, _, seed), d in zip(jobs, dirs)]
@@ -177,15 +178,17 @@ def main():
         final = "final" if at is None else f"at iteration {at}:"
         print(f"\n| config | reached {args.bar} | iterations to {args.bar} | seconds to {args.bar} | {final} held-out "
               f"success | {final} >= 0.9 | run seconds | {final} |\n|---|---|---|---|---|---|---|---|")
-        rows = {name: summarise(name, [out for n, _, out, _ in done if n == name], args.bar, at) for name, _ in runs}
+        rows = {name: summarise(name, [out for n, _, out, _ in done if n == name], args.bar, at)
+                for name, _ in runs}
         first, *others = list(rows)
         if others:
             print()
         for other in others:
             compare(first, rows[first], other, rows[other], args.bar,
                     "final held-out success" if at is None else f"held-out success at iteration {at}")
-    final = {name: summarise(name, [d for n, _, d, _ in done if n == name], args.bar, show=False) for name, _ in runs}
-    failed = [(name, seed, d) for (name, seed, d, rc), row in zip(done, [r for n, _ in runs for r in final[n]])
+    final = [r for name, _ in runs
+             for r in summarise(name, [d for n, _, d, _ in done if n == name], args.bar, show=False)]
+    failed = [(name, seed, d) for (name, seed, d, rc), row in zip(done, final)
               if rc or math.isnan(row["final"])]
     if failed:
         sys.exit(f"error: {len(failed)} of {len(done)} runs failed or have no held-out eval: " + ", ".join(

@@ -45,7 +45,8 @@ def saved_at(out):
 
 
 def snapshot(out):
-    return {p.relative_to(out): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file() and p.name != ".lock"}
+    return {p.relative_to(out): p.read_bytes() for p in sorted(out.rglob("*"))
+            if p.is_file() and p.name != ".lock"}
 
 
 def one_line_error(excinfo, *words):
@@ -57,8 +58,8 @@ def one_line_error(excinfo, *words):
 
 def background_run(out, *extra):
     """train.py in its own process, long enough to be stopped by the test, checkpointing every iteration."""
-    return subprocess.Popen([sys.executable, "train.py", *ARGS, "--iterations", "1000", "--out_dir", str(out), *extra],
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen([sys.executable, "train.py", *ARGS, "--iterations", "1000", "--out_dir", str(out),
+                             *extra], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
 def wait_for_checkpoint(out, proc, timeout=300):
@@ -86,7 +87,8 @@ def test_a_second_run_in_one_out_dir_is_refused_and_a_dead_runs_lock_is_not(tmp_
     assert iterations(out) == list(range(1, k + 2))
 
 
-@pytest.mark.parametrize("flags", [["--algo", "grpo"], ["--seed", "3"], ["--eval_only", "1", "--model", "MODEL"]])
+@pytest.mark.parametrize("flags", [["--algo", "grpo"], ["--seed", "3"],
+                                   ["--eval_only", "1", "--model", "MODEL"]])
 def test_a_fresh_run_never_writes_over_a_run(run, flags):
     """`python train.py` then `python train.py --algo grpo` kept only the second run's metrics,
     episodes, eval, checkpoint and model; --eval_only replaced the run's eval.json. Refused in one
@@ -195,11 +197,13 @@ def test_a_real_full_disk_mid_save_is_one_line(tmp_path):
     disk.mkdir()
     script = 'mount -t tmpfs -o size=3500k tmpfs "$0" && exec "$@"'
     r = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script, str(disk),
-                        sys.executable, "train.py", *ARGS, "--iterations", "3", "--out_dir", str(disk / "run")],
+                        sys.executable, "train.py", *ARGS, "--iterations", "3",
+                        "--out_dir", str(disk / "run")],
                        cwd=ROOT, capture_output=True, text=True, timeout=300)
     last = r.stderr.strip().splitlines()[-1]
     assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
-    assert last.startswith("error: ") and "no space left on device" in last and "keeps iteration 1" in last, last
+    assert last.startswith("error: iteration 2") and "no space left on device" in last, last
+    assert "keeps iteration 1" in last, last
 
 
 def test_ctrl_c_is_one_line_that_says_what_was_kept(tmp_path):
@@ -215,7 +219,8 @@ def test_ctrl_c_is_one_line_that_says_what_was_kept(tmp_path):
 
 def test_resume_with_more_iterations_says_the_lr_schedule_stretches(run, capsys):
     """--iterations 2 -> 4 on resume re-stretches the cosine over 4 iterations: the lr jumps up
-    (here 5.5x: 0.55 of --lr instead of 0.1). Accepted (a finished run can be trained on), and said in one line at start."""
+    (here 5.5x: 0.55 of --lr instead of 0.1). Accepted (a finished run can be trained on), and said
+    in one line at start."""
     train.main([*ARGS, "--iterations", "4", "--out_dir", str(run), "--resume", "1"])
     lrs = [json.loads(line)["lr"] for line in open(run / "metrics.jsonl")]
     assert lrs[2] > 2 * lrs[1]    # logged after each step: the lr of the next iteration
@@ -232,14 +237,15 @@ def test_resume_accepts_flags_that_leave_training_as_it_was(run, flags):
 
 def test_resume_still_refuses_env_args_that_change_the_env(run):
     with pytest.raises(SystemExit) as e:
-        train.main([*ARGS, "--iterations", "3", "--out_dir", str(run), "--resume", "1", "--env_args", "size=6"])
+        train.main([*ARGS, "--iterations", "3", "--out_dir", str(run), "--resume", "1",
+                    "--env_args", "size=6"])
     one_line_error(e, "--env_args", "another config")
 
 
 # ---- bench.sweep ----
 def sweep(*args, timeout=300):
-    return subprocess.run([sys.executable, "-m", "bench.sweep", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run([sys.executable, "-m", "bench.sweep", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout)
 
 
 @pytest.mark.parametrize("runs, words", [
@@ -250,9 +256,11 @@ def sweep(*args, timeout=300):
     (["a/b=--algo grpo"], "--run a/b"),                        # '/' in a name: a traceback
 ])
 def test_sweep_bad_runs_are_one_line_before_any_run(tmp_path, runs, words):
-    r = sweep("--out", str(tmp_path / "sweep"), "--seeds", "0", "1", *[x for run in runs for x in ("--run", run)])
+    r = sweep("--out", str(tmp_path / "sweep"), "--seeds", "0", "1",
+              *[x for run in runs for x in ("--run", run)])
     lines = r.stderr.strip().splitlines()
-    assert r.returncode != 0 and len(lines) == 1 and lines[0].startswith("error: ") and words in lines[0], r.stderr
+    assert r.returncode != 0 and len(lines) == 1, r.stderr
+    assert lines[0].startswith("error: ") and words in lines[0], r.stderr
     assert not os.path.exists(tmp_path / "sweep") or not os.listdir(tmp_path / "sweep")
 
 
