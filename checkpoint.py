@@ -70,8 +70,11 @@ def lock(out_dir):
     key = os.path.realpath(out_dir)
     if key in _LOCKS:
         return
-    os.makedirs(out_dir, exist_ok=True)
-    f = open(os.path.join(out_dir, ".lock"), "a+")
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        f = open(os.path.join(out_dir, ".lock"), "a+")
+    except OSError as e:   # --eval_only: check_config does not try out_dir
+        fail(f"--out_dir {out_dir}: cannot write there ({e.strerror or first_line(e)})")
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -172,18 +175,20 @@ def save(out_dir, it, model, tok, opt, sched, rank, config, gen_model=None, extr
 
 
 def _write(tmp, tmp_hf, it, model, tok, opt, sched, rank, config, gen_model, extra, metrics_line):
-    """save's writes, all under temp names."""
+    """save's writes, all under temp names: first the collective steps (dcp.save raises on every rank
+    when one fails; the full-weight gather writes nothing), then each rank's own files, so a rank
+    that fails never leaves the others waiting in a collective."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict, StateDictOptions
     msd, osd = get_state_dict(model, opt)
     dcp.save({"model": msd, "optim": osd}, checkpoint_id=tmp)
-    torch.save({"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()},
-               os.path.join(tmp, f"rng{rank}.pt"))
     if hasattr(model, "get_base_model"):   # LoRA: the export holds the merged weights, HF names
         full = {name: w.cpu() for name, w in full_parameters(model)}
         gen_model = gen_model or model.get_base_model()
     else:
         full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    torch.save({"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()},
+               os.path.join(tmp, f"rng{rank}.pt"))
     if rank == 0:
         if extra:
             torch.save({k: v.state_dict() for k, v in extra.items()}, os.path.join(tmp, "extra.pt"))
@@ -197,6 +202,7 @@ def _write(tmp, tmp_hf, it, model, tok, opt, sched, rank, config, gen_model, ext
 
 
 def _no_space(e):
+    """Is e a full disk (or quota)?"""
     return isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT) or "No space left" in str(e)
 
 
