@@ -131,7 +131,8 @@ def compare(name_a, rows_a, name_b, rows_b, bar, what="final held-out success"):
     if len(fa) < 2 or len(fb) < 2:
         return
     if any(math.isnan(f) for f in fa + fb):   # a failed run, or one with no eval by --at
-        print(f"{name_a} vs {name_b}: not compared ({sum(map(math.isnan, fa + fb))} runs without a {what})")
+        n = sum(map(math.isnan, fa + fb))
+        print(f"{name_a} vs {name_b}: not compared ({n} run{'s' * (n > 1)} without a {what})")
         return
     d, lo, hi = bootstrap_diff(fa, fb)
     u, p = mann_whitney(fa, fb)
