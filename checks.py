@@ -76,7 +76,7 @@ def check_config(cfg):
     for name in ("eval_every", "eval_episodes", "threads", "ppo_epochs"):
         if getattr(cfg, name) < 1:
             bad(f"--{name} {getattr(cfg, name)} must be >= 1")
-    for name in ("memory_k", "env_workers", "train_seeds", "peak_tflops", "kl_coef", "weight_decay", "lr_min",
+    for name in ("seed", "memory_k", "env_workers", "train_seeds", "peak_tflops", "kl_coef", "weight_decay", "lr_min",
                  "clip_high", "vf_coef", "vf_clip", "overlong_penalty", "omega", "penalty", "entropy_coef",
                  "time_limit"):   # a negative weight would reward what it is there to curb
         if getattr(cfg, name) < 0:

@@ -1,18 +1,13 @@
 """torchrun + FSDP2 for train.py: the attention kernel on GPU, process group set-up, sharding, LoRA,
-token balancing across ranks, collectives, the full-weight gather for the engine, and the sharded
-checkpoint (torch.distributed.checkpoint) with its HF export.
+token balancing across ranks, collectives and the full-weight gather for the engine (which the
+engine's weight push and checkpoint.py's HF export read).
 
 A plain CPU run never joins a process group: every function here is then a no-op or the plain
 single-process version, so train.py reads the same either way.
 """
-import dataclasses
 import datetime
-import json
 import os
-import random
-import shutil
 import socket
-import warnings
 
 import numpy as np
 import torch
@@ -21,9 +16,6 @@ import torch.distributed as dist
 from checks import fail, first_line
 
 PACKED_ATTN = ("flash_attention_2", "torch_varlen")   # implementations that take packed rows
-# a plain CPU run saves and loads its checkpoint in one process on purpose: dcp's warning about it is
-# noise on every save, and the line before a resume's one-line error
-warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
 
 
 # ---- attention for the update on GPU: which kernel, and packed (varlen) sequences without flash-attn ----
@@ -263,136 +255,6 @@ def full_parameters(model):
         yield name.replace(".base_layer.", "."), w
 
 
-# ---- checkpoints: one resumable checkpoint (sharded) + HF export ----
-# flags a resumed run may change: none changes what is trained (logp_every: which samples logp_gap is measured on)
-RESUME_FREE = {"resume", "iterations", "eval_every", "time_limit", "threads", "env_workers", "wandb", "device", "out_dir",
-               "logp_every"}
-
-
-def _swap_in(tmp, final):
-    """Replace `final` by `tmp` so that one complete copy always exists on disk: `final` if it is
-    there, else `final.old` (a kill between the two renames; resume then reads it, checkpoint_path).
-    A `final.old` left half-deleted by a kill is dropped first while `final` is complete: renaming
-    onto it failed ("Directory not empty") and no later save got through."""
-    old = final + ".old"
-    if os.path.exists(final):
-        if os.path.exists(old):
-            shutil.rmtree(old)
-        os.replace(final, old)
-    os.replace(tmp, final)
-    if os.path.exists(old):
-        shutil.rmtree(old)
-
-
-def checkpoint_path(out_dir):
-    """The complete checkpoint of a run: out_dir/ckpt, or out_dir/ckpt.old where a kill between
-    _swap_in's renames left no ckpt (ckpt.old is then the last complete one)."""
-    path = os.path.join(out_dir, "ckpt")
-    return path if os.path.exists(path) or not os.path.exists(path + ".old") else path + ".old"
-
-
-def save(model, tok, opt, sched, cfg, it, rank, gen_model=None, extra=None):
-    """out_dir/ckpt (model + optimizer shards of every rank, iteration, config, scheduler, per-rank
-    RNG; extra: {name: object with state_dict()} kept whole by rank 0 in ckpt/extra.pt, e.g. --algo
-    ppo's critic, replicated on every rank) and out_dir/model (HF format: transformers and vLLM load
-    it as is). Each is written under a
-    temp name then swapped in, so a crash mid-write never destroys the last good one. model/ goes
-    first and ckpt/ last: resume continues from ckpt/, so a kill between the two swaps redoes these
-    iterations and exports model/ again (the other order left model/ one save behind for good when
-    the kill came at the last iteration)."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict, StateDictOptions
-    tmp, final = os.path.join(cfg.out_dir, "ckpt.tmp"), os.path.join(cfg.out_dir, "ckpt")
-    if rank == 0 and os.path.exists(tmp):
-        shutil.rmtree(tmp)
-    barrier()
-    msd, osd = get_state_dict(model, opt)
-    dcp.save({"model": msd, "optim": osd}, checkpoint_id=tmp)
-    torch.save({"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()},
-               os.path.join(tmp, f"rng{rank}.pt"))
-    if hasattr(model, "get_base_model"):   # LoRA: the export holds the merged weights, HF names
-        full = {name: w.cpu() for name, w in full_parameters(model)}
-        gen_model = gen_model or model.get_base_model()
-    else:
-        full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    if rank == 0:
-        if extra:
-            torch.save({k: v.state_dict() for k, v in extra.items()}, os.path.join(tmp, "extra.pt"))
-        with open(os.path.join(tmp, "meta.json"), "w") as f:
-            json.dump({"iteration": it, "config": dataclasses.asdict(cfg), "sched": sched.state_dict()}, f)
-        tmp_hf = os.path.join(cfg.out_dir, "model.tmp")
-        from transformers.utils import logging as hf_logging
-        hf_logging.disable_progress_bar()
-        (gen_model or model).save_pretrained(tmp_hf, state_dict=full)
-        tok.save_pretrained(tmp_hf)
-        _swap_in(tmp_hf, os.path.join(cfg.out_dir, "model"))
-        _swap_in(tmp, final)
-    barrier()
-
-
-def check_resume(cfg):
-    """--resume: the run's checkpoint (checkpoint_path) must have a readable meta.json from the same
-    config (bar RESUME_FREE fields) -> its meta. Anything else is one line, not a traceback."""
-    path = os.path.join(checkpoint_path(cfg.out_dir), "meta.json")
-    if not os.path.exists(path):
-        fail(f"--resume but {path} does not exist; drop --resume or point --out_dir at a run")
-    try:
-        meta = json.load(open(path))
-        if not isinstance(meta.get("iteration"), int) or not isinstance(meta.get("config"), dict) \
-                or not isinstance(meta.get("sched"), dict):
-            raise ValueError("no iteration, config or sched")
-    except (ValueError, OSError, AttributeError) as e:   # a half-written or hand-edited file
-        fail(f"--resume: {path} is unreadable or incomplete ({first_line(e)}); the checkpoint is corrupt")
-    diff = [f"--{k} {meta['config'].get(k)!r} -> {v!r}" for k, v in dataclasses.asdict(cfg).items()
-            if k not in RESUME_FREE and meta["config"].get(k) != v]
-    if diff:
-        fail(f"--resume: {cfg.out_dir} was trained with another config ({'; '.join(diff)}); "
-             f"use the same flags or another --out_dir")
-    return meta
-
-
-def load_checkpoint(model, opt, sched, cfg, rank, meta, extra=None):
-    """Load checkpoint_path into model, optimizer, scheduler, RNG and extra (as save's) -> its
-    iteration. A missing or truncated shard, or weights / optimizer state that are not finite
-    (flipped bytes load silently and turn every weight into NaN an update later), stop with one line."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.api import CheckpointException
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-    path = checkpoint_path(cfg.out_dir)
-    try:
-        msd, osd = get_state_dict(model, opt)
-        state = {"model": msd, "optim": osd}
-        dcp.load(state, checkpoint_id=path)
-        set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
-        sched.load_state_dict(meta["sched"])
-        extra_state = torch.load(os.path.join(path, "extra.pt"), weights_only=False) if extra else {}
-        for k, v in (extra or {}).items():
-            v.load_state_dict(extra_state[k])
-        rng_file = os.path.join(path, f"rng{rank}.pt")
-        if os.path.exists(rng_file):
-            rng = torch.load(rng_file, weights_only=False)
-            torch.set_rng_state(rng["torch"]), random.setstate(rng["python"]), np.random.set_state(rng["numpy"])
-    except (Exception, CheckpointException) as e:   # damage shows as many types (CheckpointException: a
-        e = next(iter(e.failures.values()))[0] if isinstance(e, CheckpointException) else e   # BaseException)
-        fail(f"--resume: {path} does not load ({type(e).__name__}: {first_line(e)}); the checkpoint is corrupt")
-    names = {id(p): n for n, p in model.named_parameters()}
-    named = [*model.state_dict().items(),
-             *((f"optimizer {k} of {names.get(id(p), '?')}", v) for p, st in opt.state.items() for k, v in st.items()),
-             *_tensors(extra_state, "extra.pt")]
-    bad = [n for n, t in named if torch.is_tensor(t) and t.is_floating_point() and not torch.isfinite(_local(t)).all()]
-    if all_reduce(len(bad), "max"):
-        fail(f"--resume: {path} holds non-finite values ({', '.join(bad[:3]) or 'on another rank'}); "
-             f"the checkpoint is corrupt")
-    return meta["iteration"]
-
-
-def _tensors(tree, name):
-    """(name, tensor) of every tensor in nested dicts and lists (a state_dict of state_dicts)."""
-    if torch.is_tensor(tree):
-        yield name, tree
-    elif isinstance(tree, (dict, list, tuple)):
-        for k, v in (tree.items() if isinstance(tree, dict) else enumerate(tree)):
-            yield from _tensors(v, f"{name} {k}")
 
 
 def _local(t):

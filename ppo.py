@@ -284,7 +284,7 @@ class Critic:
     the engine (push_weights) and the HF export would get a weight they do not know. So it has its
     own AdamW (--lr, --weight_decay, the same cosine), its own gradient clip at --grad_clip, its
     gradient averaged over ranks by hand (FSDP2 does the model's), and its own file in the
-    checkpoint (fsdp.save / load_checkpoint's `extra`), so --resume 1 keeps it."""
+    checkpoint (checkpoint.save / load_checkpoint's `extra`), so --resume 1 keeps it."""
 
     def __init__(self, hidden, device, make_optimizer):
         self.head = torch.nn.Linear(hidden, 1).to(device)

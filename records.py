@@ -3,7 +3,9 @@ agent did and what GiGPO made of it; and what makes the metrics line (the phase 
 numbers summed over ranks, MFU), the progress bar and wandb.
 
 `out_dir/metrics.jsonl` gets one line per iteration (README, "Metrics"); a resumed run keeps the
-lines of the iterations its checkpoint holds (kept_log) and drops the rest.
+lines of the iterations its checkpoint holds (checkpoint.kept_log) and drops the rest. Both logs
+only ever hold whole lines: a write that fails (a full disk) is taken back and stops the run in one
+line (append_lines).
 
 `out_dir/episodes.jsonl` gets one line per episode: for a few training groups of every iteration
 (`--log_groups`, default 1) and the first `--log_groups x 8` episodes of every evaluation set. Per
@@ -16,6 +18,7 @@ Bounded: a prompt is cut to its last PROMPT_CHARS characters, and the file stops
 """
 import contextlib
 import dataclasses
+import errno
 import json
 import os
 import time
@@ -30,38 +33,37 @@ from fsdp import all_reduce
 PROMPT_CHARS = 4000
 
 
-def kept_log(path, upto):
-    """The lines of metrics.jsonl up to iteration `upto` (the checkpoint's; resume redoes the rest).
-    A half-written last line (a kill mid-write) is dropped; a damaged line before it is an error."""
-    lines = open(path).readlines() if os.path.exists(path) else []
-    kept = []
-    for k, line in enumerate(lines):
-        try:
-            it = json.loads(line)["iteration"]
-        except (ValueError, KeyError, TypeError):
-            if k == len(lines) - 1:
-                break
-            fail(f"--resume: line {k + 1} of {path} is not a metrics line; remove it or use another --out_dir")
-        if it <= upto:
-            kept.append(line if line.endswith("\n") else line + "\n")
-    return kept
-
-
 def write_whole(path, text):
-    """Write a file whole, then rename it into place: a kill mid-write leaves the old file, never half."""
-    with open(path + ".tmp", "w") as f:
-        f.write(text)
-    os.replace(path + ".tmp", path)
+    """Write a file whole, then rename it into place: a kill mid-write leaves the old file, never half;
+    a full disk leaves the old file too, and stops the run in one line."""
+    try:
+        with open(path + ".tmp", "w") as f:
+            f.write(text)
+        os.replace(path + ".tmp", path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.remove(path + ".tmp")
+        fail(f"cannot write {path} ({os_error(e)}); it is left as it was")
 
 
-def open_metrics_log(cfg, kept, start):
-    """out_dir/metrics.jsonl, open to append (rank 0). A fresh run starts it empty; a resumed one keeps
-    the lines of the iterations its checkpoint holds (`kept`, from kept_log) and drops the rest."""
-    os.makedirs(cfg.out_dir, exist_ok=True)
-    path = os.path.join(cfg.out_dir, "metrics.jsonl")
-    if start:
-        write_whole(path, "".join(kept))
-    return open(path, "a" if start else "w")
+def os_error(e):
+    """An OSError in words for a one-line error: 'no space left on device' for a full disk."""
+    return "no space left on device" if e.errno == errno.ENOSPC else e.strerror or str(e)
+
+
+def append_lines(path, text):
+    """Append whole lines to a log. A write that fails part-way (a full disk) is taken back, so the
+    file never keeps half a line, and the run stops in one line (its last checkpoint stays)."""
+    with open(path, "ab", buffering=0) as f:
+        size, data = f.seek(0, os.SEEK_END), text.encode()
+        try:
+            done = 0
+            while done < len(data):   # an unbuffered write may write part and return its count
+                done += f.write(data[done:])
+        except OSError as e:
+            f.truncate(size)
+            fail(f"cannot write {path} ({os_error(e)}); it keeps whole lines only, and the last checkpoint "
+                 f"stays (--resume 1 goes on from it once fixed)")
 
 
 def advantage_parts(parts, ks):
@@ -126,8 +128,7 @@ class EpisodeLog:
             self.full = True
             print(f"note: {self.path} reached --log_mb {self.cap >> 20}; no more episodes are written to it")
             return
-        with open(self.path, "a") as f:
-            f.write(text)
+        append_lines(self.path, text)
 
 
 def wandb_table(wandb, recs):

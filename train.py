@@ -47,9 +47,10 @@ from ppo import Critic, logprobs, state_values, update
 from prompts import prompt_module
 from tiny import is_tiny
 from evaluate import HELD_OUT, eval_plan, eval_what, evaluate, headline, random_policy_success, success_text
+from checkpoint import (checkpoint_path, claim_out_dir, interrupted, kept_log, load_checkpoint, open_metrics_log,
+                        save)
 from fsdp import (PACKED_ATTN, add_lora, all_finite, all_gather, all_reduce, attn_implementation, balance_tokens,
-                  check_resume, checkpoint_path, dist_on, finish_dist, full_parameters,
-                  load_checkpoint, save, setup_dist, shard)
+                  dist_on, finish_dist, full_parameters, setup_dist, shard)
 from engine import make_engine
 from rollout import rollout
 
@@ -155,8 +156,9 @@ def main(argv=None):
     final eval success on rank 0 (None on the others)."""
     cfg = parse_args(sys.argv[1:] if argv is None else argv)
     check_config(cfg)
-    meta = check_resume(cfg) if cfg.resume else None
-    kept = records.kept_log(os.path.join(cfg.out_dir, "metrics.jsonl"), meta["iteration"]) if meta else []
+    meta = claim_out_dir(cfg)   # out_dir locked; a fresh run never writes over a run
+    kept = kept_log(os.path.join(cfg.out_dir, "metrics.jsonl"), meta["iteration"], meta.get("metrics_line")) \
+        if meta else []
     rank, world, device = setup_dist(cfg)
     if cfg.n_groups % world:
         fail(f"--n_groups {cfg.n_groups} must divide over {world} ranks (each owns whole groups)")
@@ -180,14 +182,16 @@ def main(argv=None):
     critic = Critic(model.config.hidden_size, device, lambda head: make_optimizer(cfg, head, device)) \
         if cfg.algo == "ppo" else None            # --algo ppo: a value head, outside the sharded model (ppo.py)
     extra = {"critic": critic} if critic else None   # saved and resumed with the checkpoint
-    start = load_checkpoint(model, opt, sched, cfg, rank, meta, extra) if meta else 0
+    start = load_checkpoint(checkpoint_path(cfg.out_dir), model, opt, sched, rank, meta, extra) if meta else 0
     if start:
         engine.push_weights(full_parameters(model))
         print0(f"resumed from {checkpoint_path(cfg.out_dir)} at iteration {start}")
+        if meta["config"]["iterations"] != cfg.iterations and cfg.lr_min != 1 and start < cfg.iterations:
+            print0(stretch_note(cfg, meta["config"]["iterations"], start))
     baseline = random_policy_success(cfg, eval_envs) if rank == 0 else None
     print0(f"random policy on the eval episodes ({eval_what(cfg).split(',')[0]}): success "
            f"{baseline and success_text(baseline)}")
-    log = records.open_metrics_log(cfg, kept, start) if rank == 0 else None
+    log = open_metrics_log(cfg.out_dir, kept, start) if rank == 0 else None
     wandb = records.open_wandb(cfg) if cfg.wandb and rank == 0 else None
     episode_log = records.EpisodeLog(cfg.out_dir, cfg.log_mb, start) if rank == 0 else None
     shown = []   # this iteration's recorded training episodes: wandb's table at the next eval
@@ -257,10 +261,10 @@ def main(argv=None):
         if cfg.peak_tflops:
             m["mfu"] = records.mfu(cfg, model, tokens, timer["update"], world)
         if rank == 0:
-            log.write(json.dumps(m) + "\n")
-            log.flush()
+            records.append_lines(log, json.dumps(m) + "\n")
         if checkpoint:
-            save(model, tok, opt, sched, cfg, it, rank, gen_model, extra)
+            save(cfg.out_dir, it, model, tok, opt, sched, rank, dataclasses.asdict(cfg), gen_model, extra,
+                 metrics_line=json.dumps(m))
             saved = it
         if rank == 0:
             records.show_progress(bar, m, it, wandb, line=it == start + 1 or it % cfg.eval_every == 0)
@@ -273,7 +277,6 @@ def main(argv=None):
     if rank == 0:
         if eval_success is None:   # resumed at the end: nothing trained, still report
             eval_rates = evaluate(tok, cfg, eval_envs, prompt, engine, iteration=start)
-        log.close()
         eval_envs and eval_envs.close()
         print(f"done in {time.perf_counter() - t_run:.0f}s; model saved to {cfg.out_dir}/model")
         print(f"held-out success {success_text(eval_rates)} ({eval_what(cfg)}; random policy {success_text(baseline)})")
@@ -354,9 +357,23 @@ def make_optimizer(cfg, model, device):
     """AdamW on the trainable weights; the lr follows a cosine from --lr to --lr x --lr_min over the run."""
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=cfg.weight_decay,
                             fused=device.type == "cuda")
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda it: cfg.lr_min + (1 - cfg.lr_min) * 0.5 * (
-        1 + math.cos(math.pi * min(it, cfg.iterations) / cfg.iterations)))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda it: lr_scale(it, cfg.iterations, cfg.lr_min))
     return opt, sched
+
+
+def lr_scale(it, iterations, lr_min):
+    """The lr after `it` steps, as a share of --lr: a cosine from 1 to lr_min over `iterations`."""
+    return lr_min + (1 - lr_min) * 0.5 * (1 + math.cos(math.pi * min(it, iterations) / iterations))
+
+
+def stretch_note(cfg, before, start):
+    """--resume 1 with another --iterations: the cosine is over the new count from here on, so the
+    lr jumps (up when the run grows). Accepted on purpose (it is how a finished run trains on), and
+    said here, in one line."""
+    old, new = (cfg.lr * lr_scale(start, n, cfg.lr_min) for n in (before, cfg.iterations))
+    return (f"note: --iterations {before} -> {cfg.iterations} stretches the cosine lr schedule over "
+            f"{cfg.iterations} iterations: iteration {start + 1} trains at lr {new:.3g}, {new / old:.2f}x the "
+            f"{old:.3g} of --iterations {before} (docs/training.md, \"Checkpoints and crashes\")")
 
 
 def train_seed(seed, it, g, n_groups, train_seeds=0):
@@ -499,4 +516,8 @@ def load_model(cfg, device):
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:   # Ctrl-C: one line that says what is kept, not a traceback
+        print(file=sys.stderr)   # below the progress bar's line
+        fail(interrupted(parse_args(sys.argv[1:]).out_dir))

@@ -3,9 +3,12 @@ markdown table (success, iterations and wall time to reach a bar, final held-out
 
     python -m bench.sweep --seeds 0 1 2 3 4 --parallel 2 --run gigpo="--algo gigpo" --run grpo="--algo grpo"
 
-Each run gets `--threads` torch threads and its own out dir under --out; its metrics.jsonl is read
-back. Wall times are those of the machine and the parallelism the command ran with: compare
-configs only within one sweep.
+Each run gets `--threads` torch threads and its own out dir under --out, OUT/NAME-sSEED (so names are
+distinct, without '/', and a --run sets neither --seed nor --out_dir); its metrics.jsonl is read
+back. An --out that already holds one of those run dirs is refused (train.py would refuse each run):
+`--report` summarises them, a new --out runs again. Runs that fail or end without a held-out eval
+are named in the last line, which exits 1; configs with such runs are not compared. Wall times are
+those of the machine and the parallelism the command ran with: compare configs only within one sweep.
 
 Below the table, the first config is compared with every other one, their seeds as two samples: the
 difference of mean final held-out success (first - other) with a 95% bootstrap interval (10,000 resamples of each
@@ -33,20 +36,41 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository
 
 
-def run_one(k, name, extra, seed, args):
+def parse_runs(specs):
+    """--run NAME="flags" -> [(name, [flag, ...])]; bad input is one line (sys.exit), before any run."""
+    runs = []
+    for spec in specs:
+        name, _, extra = spec.partition("=")
+        if not name or "/" in name or name.startswith(".") or name in dict(runs):
+            sys.exit(f"error: --run {name or repr(spec)}: " + (
+                "given twice; each config needs its own name (its runs go to OUT/NAME-sSEED)"
+                if name in dict(runs) else "NAME must be a folder name (no '/', not empty, no leading '.')"))
+        try:
+            flags = shlex.split(extra)
+        except ValueError as e:   # an unbalanced quote
+            sys.exit(f"error: --run {name}: {e} in {extra!r}")
+        for flag in ("--seed", "--out_dir"):
+            if any(f == flag or f.startswith(flag + "=") for f in flags):
+                sys.exit(f"error: --run {name}: {flag} is the sweep's to set (" +
+                         ("--seeds" if flag == "--seed" else "--out") + "); remove it from the run's flags")
+        runs.append((name, flags))
+    return runs
+
+
+def run_one(k, name, flags, seed, args):
     out = os.path.join(args.out, f"{name}-s{seed}")
     cmd = [sys.executable, os.path.join(ROOT, "train.py"), "--seed", str(seed), "--threads", str(args.threads),
-           "--device", args.device, "--out_dir", out, *shlex.split(extra)]
+           "--device", args.device, "--out_dir", out, *flags]
     time.sleep(k % args.parallel * args.stagger if k < args.parallel else 0)
     t0 = time.time()
     with open(out + ".log", "w") as log:   # on GPU each run is its own world of 1 (a free port each)
         rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode
     print(f"{name} seed {seed}: rc {rc}, {time.time() - t0:.0f}s", flush=True)
-    return name, seed, out
+    return name, seed, out, rc
 
 
-def summarise(name, runs, bar, at=None):
-    """One table row for a config's runs; at: read each run only up to that iteration."""
+def summarise(name, runs, bar, at=None, show=True):
+    """One table row for a config's runs (printed with show); at: read each run only up to that iteration."""
     rows = []
     for out in runs:
         path = os.path.join(out, "metrics.jsonl")
@@ -63,9 +87,10 @@ def summarise(name, runs, bar, at=None):
     its = np.array([r["it_bar"] for r in reached], float)
     walls = np.array([r["wall_bar"] for r in reached], float)
     fmt = lambda a, p: f"{a.mean():.{p}f} +- {a.std():.{p}f}" if len(a) else "-"
-    print(f"| {name} | {len(reached)}/{len(rows)} | {fmt(its, 0)} | {fmt(walls, 0)} | {fmt(fin, 3)} | "
-          f"{sum(f >= 0.9 for f in fin)}/{len(rows)} | {np.mean([r['wall'] for r in rows]):.0f} | "
-          f"{' '.join(f'{f:.2f}' for f in fin)} |")
+    if show:
+        print(f"| {name} | {len(reached)}/{len(rows)} | {fmt(its, 0)} | {fmt(walls, 0)} | {fmt(fin, 3)} | "
+              f"{sum(f >= 0.9 for f in fin)}/{len(rows)} | {np.mean([r['wall'] for r in rows]):.0f} | "
+              f"{' '.join(f'{f:.2f}' for f in fin)} |")
     return rows
 
 
@@ -105,6 +130,10 @@ def compare(name_a, rows_a, name_b, rows_b, bar, what="final held-out success"):
     fa, fb = [r["final"] for r in rows_a], [r["final"] for r in rows_b]
     if len(fa) < 2 or len(fb) < 2:
         return
+    if any(math.isnan(f) for f in fa + fb):   # a failed run, or one with no eval by --at
+        n = sum(map(math.isnan, fa + fb))
+        print(f"{name_a} vs {name_b}: not compared ({n} run{'s' * (n > 1)} without a {what})")
+        return
     d, lo, hi = bootstrap_diff(fa, fb)
     u, p = mann_whitney(fa, fb)
     print(f"{name_a} - {name_b}: {what} {d:+.3f} (95% bootstrap CI {lo:+.3f} .. {hi:+.3f}); "
@@ -133,11 +162,16 @@ def main():
     ap.add_argument("--at", type=int, nargs="+", default=[None], help="read the runs only up to this iteration "
                     "('final' = the last eval at or before it); several: one table each")
     args = ap.parse_args()
+    runs = parse_runs(args.run)
+    jobs = [(name, flags, seed) for name, flags in runs for seed in args.seeds]
+    dirs = [os.path.join(args.out, f"{name}-s{seed}") for name, _, seed in jobs]
+    held = [d for d in dirs if os.path.isdir(d) and os.listdir(d)]
+    if held and not args.report:
+        sys.exit(f"error: {held[0]} already holds a run ({len(held)} of the {len(dirs)} run dirs do): "
+                 f"--report summarises them; a new --out runs the sweep again")
     os.makedirs(args.out, exist_ok=True)
-    runs = [tuple(r.split("=", 1)) if "=" in r else (r, "") for r in args.run]
-    jobs = [(name, extra, seed) for name, extra in runs for seed in args.seeds]
     if args.report:
-        done = [(name, seed, os.path.join(args.out, f"{name}-s{seed}")) for name, _, seed in jobs]
+        done = [(name, seed, d, None) for (name, _, seed), d in zip(jobs, dirs)]
     else:
         with ThreadPoolExecutor(args.parallel) as pool:
             done = list(pool.map(lambda kj: run_one(kj[0], *kj[1], args), enumerate(jobs)))
@@ -145,13 +179,21 @@ def main():
         final = "final" if at is None else f"at iteration {at}:"
         print(f"\n| config | reached {args.bar} | iterations to {args.bar} | seconds to {args.bar} | {final} held-out "
               f"success | {final} >= 0.9 | run seconds | {final} |\n|---|---|---|---|---|---|---|---|")
-        rows = {name: summarise(name, [out for n, _, out in done if n == name], args.bar, at) for name, _ in runs}
+        rows = {name: summarise(name, [out for n, _, out, _ in done if n == name], args.bar, at)
+                for name, _ in runs}
         first, *others = list(rows)
         if others:
             print()
         for other in others:
             compare(first, rows[first], other, rows[other], args.bar,
                     "final held-out success" if at is None else f"held-out success at iteration {at}")
+    final = [r for name, _ in runs
+             for r in summarise(name, [d for n, _, d, _ in done if n == name], args.bar, show=False)]
+    failed = [(name, seed, d) for (name, seed, d, rc), row in zip(done, final)
+              if rc or math.isnan(row["final"])]
+    if failed:
+        sys.exit(f"error: {len(failed)} of {len(done)} runs failed or have no held-out eval: " + ", ".join(
+            f"{name} seed {seed} ({d}.log)" for name, seed, d in failed))
 
 
 if __name__ == "__main__":

@@ -357,7 +357,8 @@ def test_train_one_iteration_then_eval_only(data_dir, tmp_path):
     print(f"train + eval: {time.time() - t0:.0f}s")
     r = subprocess.run([sys.executable, "train.py", "--env", "alfworld", "--eval_only", "1", "--model",
                         str(out / "model"), "--eval_sets", "valid_unseen", "--eval_episodes", "1",
-                        "--max_response_tokens", "4", "--env_workers", "0", "--n_groups", "1", "--group_size", "2"],
+                        "--max_response_tokens", "4", "--env_workers", "0", "--n_groups", "1", "--group_size", "2",
+                        "--out_dir", str(tmp_path / "eval")],   # not the repository's out/, which may hold a run
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     lines = r.stdout.strip().splitlines()

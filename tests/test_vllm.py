@@ -8,6 +8,7 @@ import os
 import random
 import subprocess
 import sys
+import tempfile
 
 import pytest
 import torch
@@ -155,7 +156,7 @@ def run_train(*flags, auto_hf_below=None):
     patch = "" if auto_hf_below is None else f"engine.AUTO_HF_ON_CPU = {auto_hf_below}; "
     return subprocess.run([sys.executable, "-c", f"import sys, engine, train; {patch}train.main(sys.argv[1:])",
                            "--iterations", "1", "--n_groups", "2", "--eval_episodes", "4",
-                           "--out_dir", "/tmp/gigpo-test-vllm", *flags],
+                           "--out_dir", tempfile.mkdtemp(prefix="gigpo-vllm-"), *flags],   # one dir per run
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 

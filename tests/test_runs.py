@@ -1,0 +1,281 @@
+"""What happens to a run's out_dir around it: a second run (at once, or after it), a bad flag, a full
+disk, Ctrl-C, a resume with other flags; and bench.sweep's own input. Each ends in one line and
+keeps what the out_dir held; train.main runs in-process where it can, in a subprocess where the
+test needs a second process or a signal."""
+import errno
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import records
+import train
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ARGS = ["--n_groups", "2", "--group_size", "2", "--eval_episodes", "2", "--engine", "hf", "--eval_every", "1",
+        "--mini_batch", "8", "--threads", "1"]
+
+
+@pytest.fixture(scope="module")
+def done_run(tmp_path_factory):
+    """A finished 2-iteration run, checkpointed at both; tests work on copies."""
+    out = tmp_path_factory.mktemp("done") / "run"
+    train.main([*ARGS, "--iterations", "2", "--out_dir", str(out)])
+    return out
+
+
+@pytest.fixture
+def run(done_run, tmp_path):
+    shutil.copytree(done_run, tmp_path / "run")
+    return tmp_path / "run"
+
+
+def iterations(out):
+    return [json.loads(line)["iteration"] for line in open(out / "metrics.jsonl")]
+
+
+def saved_at(out):
+    return json.load(open(out / "ckpt" / "meta.json"))["iteration"]
+
+
+def snapshot(out):
+    return {p.relative_to(out): p.read_bytes() for p in sorted(out.rglob("*"))
+            if p.is_file() and p.name != ".lock"}
+
+
+def one_line_error(excinfo, *words):
+    msg = str(excinfo.value.code)
+    assert msg.startswith("error: ") and "\n" not in msg, msg
+    assert all(w in msg for w in words), msg
+    return msg
+
+
+def background_run(out, *extra):
+    """train.py in its own process, long enough to be stopped by the test, checkpointing every iteration."""
+    return subprocess.Popen([sys.executable, "train.py", *ARGS, "--iterations", "1000", "--out_dir", str(out),
+                             *extra], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_checkpoint(out, proc, timeout=300):
+    meta, deadline = out / "ckpt" / "meta.json", time.time() + timeout
+    while not meta.exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    assert meta.exists(), proc.stderr.read()[-2000:] if proc.poll() is not None else "no checkpoint in time"
+
+
+def test_a_second_run_in_one_out_dir_is_refused_and_a_dead_runs_lock_is_not(tmp_path):
+    """Two runs in one out_dir mixed their logs; now the second stops in one line naming the first
+    (its pid), and once the first is killed (kill -9: its lock file stays) --resume 1 goes on."""
+    out = tmp_path / "run"
+    first = background_run(out)
+    try:
+        wait_for_checkpoint(out, first)
+        with pytest.raises(SystemExit) as e:
+            train.main([*ARGS, "--iterations", "2", "--seed", "2", "--out_dir", str(out)])
+        one_line_error(e, "in use", f"pid {first.pid}", "--out_dir")
+    finally:
+        first.kill()
+        first.wait()
+    k = saved_at(out)
+    train.main([*ARGS, "--iterations", str(k + 1), "--out_dir", str(out), "--resume", "1"])
+    assert iterations(out) == list(range(1, k + 2))
+
+
+@pytest.mark.parametrize("flags", [["--algo", "grpo"], ["--seed", "3"],
+                                   ["--eval_only", "1", "--model", "MODEL"]])
+def test_a_fresh_run_never_writes_over_a_run(run, flags):
+    """`python train.py` then `python train.py --algo grpo` kept only the second run's metrics,
+    episodes, eval, checkpoint and model; --eval_only replaced the run's eval.json. Refused in one
+    line that names --resume 1 and --out_dir, the run left as it was."""
+    before = snapshot(run)
+    flags = [str(run / "model") if f == "MODEL" else f for f in flags]
+    with pytest.raises(SystemExit) as e:
+        train.main([*ARGS, "--iterations", "2", *flags, "--out_dir", str(run)])
+    one_line_error(e, "holds a run", "--out_dir", *([] if "--eval_only" in flags else ["--resume 1"]))
+    assert snapshot(run) == before
+
+
+def test_a_bad_seed_stops_before_the_first_byte(run, tmp_path):
+    """--seed -1 passed the checks, emptied metrics.jsonl and episodes.jsonl, then died with a
+    traceback (a later --resume 1 went on with an empty log). Now: one line, nothing written."""
+    before = snapshot(run)
+    for args in (["--out_dir", str(run)], ["--out_dir", str(run), "--resume", "1"]):
+        with pytest.raises(SystemExit) as e:
+            train.main([*ARGS, "--iterations", "3", "--seed", "-1", *args])
+        one_line_error(e)
+        assert snapshot(run) == before
+    with pytest.raises(SystemExit) as e:
+        train.main([*ARGS, "--iterations", "3", "--seed", "-1", "--out_dir", str(tmp_path / "new")])
+    one_line_error(e, "--seed")
+    assert not os.path.exists(tmp_path / "new") or not os.listdir(tmp_path / "new")
+
+
+def test_a_truncated_last_line_of_the_checkpoints_iteration_is_restored(run):
+    """A metrics line cut short that is the checkpoint's own iteration was dropped and never redone
+    (a gap 1 -> 3); the checkpoint holds its iteration's line, and resume puts it back."""
+    lines = (run / "metrics.jsonl").read_text().splitlines(keepends=True)
+    (run / "metrics.jsonl").write_text(lines[0] + lines[1][:len(lines[1]) // 2])
+    train.main([*ARGS, "--iterations", "3", "--out_dir", str(run), "--resume", "1"])
+    assert iterations(run) == [1, 2, 3]
+    assert (run / "metrics.jsonl").read_text().splitlines(keepends=True)[1] == lines[1]
+
+
+def no_space(*a, **k):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def test_a_save_on_a_full_disk_is_one_line_and_keeps_the_last_checkpoint(run, monkeypatch):
+    """A save that fails for lack of space ended in library tracebacks; now it says so in one line,
+    the last good checkpoint stays (no temp folder left to fill the disk), and resume goes on."""
+    ckpt_model = {k: v for k, v in snapshot(run).items() if k.parts[0] in ("ckpt", "model")}
+    monkeypatch.setattr(torch, "save", no_space)
+    with pytest.raises(SystemExit) as e:
+        train.main([*ARGS, "--iterations", "3", "--out_dir", str(run), "--resume", "1"])
+    one_line_error(e, "iteration 3", "no space left on device", "keeps iteration 2")
+    assert {k: v for k, v in snapshot(run).items() if k.parts[0] in ("ckpt", "model")} == ckpt_model
+    assert not any(os.path.exists(run / d) for d in ("ckpt.tmp", "model.tmp"))
+    monkeypatch.undo()
+    train.main([*ARGS, "--iterations", "3", "--out_dir", str(run), "--resume", "1"])
+    assert iterations(run) == [1, 2, 3] and saved_at(run) == 3
+
+
+class HalfWrite:
+    """A file whose disk fills halfway through a write."""
+
+    def __init__(self, f):
+        self.f = f
+
+    def write(self, data):
+        self.f.write(data[:len(data) // 2])
+        self.f.flush()
+        no_space()
+
+    def __getattr__(self, name):
+        return getattr(self.f, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        self.f.close()
+
+
+def test_the_episodes_log_never_keeps_half_a_line_on_a_full_disk(run, monkeypatch):
+    real_open = open
+
+    def full_open(path, mode="r", *a, **k):
+        f = real_open(path, mode, *a, **k)
+        return HalfWrite(f) if str(path).endswith("episodes.jsonl") and mode[0] == "a" else f
+    monkeypatch.setattr(records, "open", full_open, raising=False)
+    with pytest.raises(SystemExit) as e:
+        train.main([*ARGS, "--iterations", "3", "--out_dir", str(run), "--resume", "1"])
+    one_line_error(e, "episodes.jsonl", "no space left on device")
+    for line in open(run / "episodes.jsonl"):
+        json.loads(line)
+
+
+def tmpfs_works():
+    probe = "mkdir -p /tmp/gigpo-probe && mount -t tmpfs -o size=64k tmpfs /tmp/gigpo-probe"
+    try:
+        return subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", probe],
+                              capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+@pytest.mark.skipif(not tmpfs_works(), reason="needs unshare to mount a small tmpfs (user namespaces)")
+def test_a_real_full_disk_mid_save_is_one_line(tmp_path):
+    """A 3.5 MB tmpfs: the first checkpoint (~2.4 MB) fits, the second's temp copy does not. The
+    libraries' own errors (`unexpected pos 704 vs 598`) never say why; the line does."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    script = 'mount -t tmpfs -o size=3500k tmpfs "$0" && exec "$@"'
+    r = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script, str(disk),
+                        sys.executable, "train.py", *ARGS, "--iterations", "3",
+                        "--out_dir", str(disk / "run")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    last = r.stderr.strip().splitlines()[-1]
+    assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert last.startswith("error: iteration 2") and "no space left on device" in last, last
+    assert "keeps iteration 1" in last, last
+
+
+def test_ctrl_c_is_one_line_that_says_what_was_kept(tmp_path):
+    out = tmp_path / "run"
+    proc = background_run(out)
+    wait_for_checkpoint(out, proc)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    last = err.strip().splitlines()[-1]
+    assert proc.returncode != 0 and "Traceback" not in err, err[-3000:]
+    assert last.startswith("error: interrupted") and "keeps iteration" in last and "--resume 1" in last, last
+
+
+def test_resume_with_more_iterations_says_the_lr_schedule_stretches(run, capsys):
+    """--iterations 2 -> 4 on resume re-stretches the cosine over 4 iterations: the lr jumps up
+    (here 5.5x: 0.55 of --lr instead of 0.1). Accepted (a finished run can be trained on), and said
+    in one line at start."""
+    train.main([*ARGS, "--iterations", "4", "--out_dir", str(run), "--resume", "1"])
+    lrs = [json.loads(line)["lr"] for line in open(run / "metrics.jsonl")]
+    assert lrs[2] > 2 * lrs[1]    # logged after each step: the lr of the next iteration
+    assert "note: --iterations 2 -> 4 stretches the cosine lr schedule" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("flags", [["--log_groups", "0"], ["--engine", "auto"], ["--kv_cache_mb", "64"],
+                                   ["--compile", "0"], ["--env_args", "size=5"]])
+def test_resume_accepts_flags_that_leave_training_as_it_was(run, flags):
+    args = [a for a in ARGS if a not in ("--engine", "hf")] if "--engine" in flags else ARGS
+    train.main([*args, "--iterations", "3", "--out_dir", str(run), "--resume", "1", *flags])
+    assert iterations(run) == [1, 2, 3]
+
+
+def test_resume_still_refuses_env_args_that_change_the_env(run):
+    with pytest.raises(SystemExit) as e:
+        train.main([*ARGS, "--iterations", "3", "--out_dir", str(run), "--resume", "1",
+                    "--env_args", "size=6"])
+    one_line_error(e, "--env_args", "another config")
+
+
+# ---- bench.sweep ----
+def sweep(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "bench.sweep", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("runs, words", [
+    (["a=", "a=--algo grpo"], "--run a"),                      # overwrote the first config's run dirs
+    (["a=--seed 3"], "--seed"),                                # every "seed" was the same run
+    (["a=--out_dir x"], "--out_dir"),                          # every seed in one out_dir
+    (["a=--algo 'grpo"], "--run a"),                           # unbalanced quote: a traceback
+    (["a/b=--algo grpo"], "--run a/b"),                        # '/' in a name: a traceback
+])
+def test_sweep_bad_runs_are_one_line_before_any_run(tmp_path, runs, words):
+    r = sweep("--out", str(tmp_path / "sweep"), "--seeds", "0", "1",
+              *[x for run in runs for x in ("--run", run)])
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode != 0 and len(lines) == 1, r.stderr
+    assert lines[0].startswith("error: ") and words in lines[0], r.stderr
+    assert not os.path.exists(tmp_path / "sweep") or not os.listdir(tmp_path / "sweep")
+
+
+def test_sweep_of_failed_runs_exits_nonzero_without_a_p_value(tmp_path):
+    """Runs that fail (here a bad flag) gave rows of NaN, a p-value computed from them and exit 0."""
+    r = sweep("--out", str(tmp_path / "sweep"), "--seeds", "0", "1", "--parallel", "2", "--run", "a=--lr -1",
+              "--run", "b=--lr -2")
+    assert r.returncode != 0, r.stdout
+    assert "p = " not in r.stdout, r.stdout
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: 4 of 4 runs failed") and "a-s0.log" in last, r.stderr
+
+
+def test_sweep_refuses_an_out_that_holds_runs(tmp_path):
+    (tmp_path / "sweep" / "a-s0").mkdir(parents=True)
+    (tmp_path / "sweep" / "a-s0" / "metrics.jsonl").write_text('{"iteration": 1}\n')
+    r = sweep("--out", str(tmp_path / "sweep"), "--seeds", "0", "--run", "a=")
+    assert r.returncode != 0 and r.stderr.strip().startswith("error: ") and "--report" in r.stderr, r.stderr
