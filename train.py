@@ -29,6 +29,7 @@ import json
 import math
 import os
 import random
+import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -515,7 +516,12 @@ def load_model(cfg, device):
     return model.to(device), tok
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt   # SIGTERM (a scheduler's kill) ends like Ctrl-C: env workers stopped, one line
+
+
 if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         main()
     except KeyboardInterrupt:   # Ctrl-C: one line that says what is kept, not a traceback

@@ -14,12 +14,14 @@ goes to stderr; a reset is retried once on the new worker.
 """
 import multiprocessing as mp
 import multiprocessing.connection
+import signal
 import sys
 
 from tqdm import tqdm
 
 
 def _worker(conn, name, kwargs, n):
+    signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C is the trainer's: it stops the workers
     from envs import make_env
     envs = [make_env(name, **kwargs) for _ in range(n)]
     while True:

@@ -6,6 +6,10 @@ import json
 import logging
 import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 import torch
@@ -13,6 +17,7 @@ import torch
 import checkpoint
 import train
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ARGS = ["--n_groups", "2", "--group_size", "2", "--eval_episodes", "2", "--engine", "hf", "--eval_every", "1",
         "--mini_batch", "8"]
 
@@ -208,3 +213,44 @@ def test_time_limit_stops_evaluated_and_saved_then_resume_goes_on(tmp_path, caps
     assert "stopped after iteration 1 of 3" in capsys.readouterr().out
     train.main([*args, "--resume", "1"])
     assert iterations(out) == [1, 2, 3]
+
+
+def _children(pid):
+    """Live processes whose parent is pid (from /proc: no psutil needed)."""
+    kids = []
+    for d in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            if d.isdigit() and int(fields[1]) == pid and fields[0] != "Z":
+                kids.append(int(d))
+        except (OSError, IndexError, ValueError):
+            pass
+    return kids
+
+
+def _running(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
+def test_sigterm_stops_the_env_workers_with_the_run(tmp_path):
+    """SIGTERM (a scheduler's kill) with --env_workers 2 ends like Ctrl-C: one line saying what is
+    kept, and no env worker left behind (they outlived the run by ~10 s, still starting up)."""
+    p = subprocess.Popen([sys.executable, "train.py", *ARGS, "--env_workers", "2", "--iterations", "500",
+                          "--out_dir", str(tmp_path / "run")], cwd=ROOT, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while len(_children(p.pid)) < 3 and time.time() < deadline:   # the tracker + 2 workers
+        time.sleep(0.2)
+    workers = [k for k in _children(p.pid) if b"spawn_main" in open(f"/proc/{k}/cmdline", "rb").read()]
+    assert len(workers) >= 2, "the run never started its env workers"
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=60)
+    assert not [w for w in workers if _running(w)], "env workers outlived the run"
+    assert p.returncode != 0 and err.strip().splitlines()[-1].startswith("error: interrupted:")
+    assert "Traceback" not in err
