@@ -43,7 +43,7 @@ def check_config(cfg):
         if isinstance(value, float) and not math.isfinite(value):
             bad(f"--{f.name} {value}: must be a finite number")
     for flag, names in (("env", ENVS), ("memory", MEMORIES), ("algo", gigpo.ALGOS), ("norm", gigpo.NORMS),
-                        ("stats", gigpo.STATS), ("loss", ppo.LOSSES), ("engine", ENGINES), ("device", DEVICES),
+                        ("loss", ppo.LOSSES), ("engine", ENGINES), ("device", DEVICES),
                         ("compile", ("auto", "1", "0")), ("metrics", ("default", "all"))):
         if getattr(cfg, flag) not in names:
             bad(f"unknown {flag} {getattr(cfg, flag)!r}: use --{flag} with one of {', '.join(names)}")

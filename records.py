@@ -170,7 +170,7 @@ def training_metrics(samples, trained, episodes, n_dead, adv, old):
     may leave none) and their count, episodes lost to dead workers. The token means (of the
     collected samples) and adv_abs (of the trained ones) are this rank's."""
     gap = torch.cat([torch.zeros(0)] + [(o - torch.tensor(s.logprobs)).abs() for o, s in zip(old, trained)
-                                        if s.logprobs is not None])   # vLLM: one sample in --logp_every
+                                        if s.logprobs is not None])   # vLLM: one sample in engine.LOGP_EVERY
     lost = {e["group"] for e in episodes if not e["won"]}
     groups = {e["group"] for e in episodes}
     sums = {"won": sum(e["won"] for e in episodes), "return": sum(e["return"] for e in episodes),
