@@ -230,16 +230,16 @@ def main(argv=None):
         dt = timer.since_start()
         summed = records.training_metrics(samples, trained, episodes, n_dead, adv, old)   # all ranks
         tokens = all_reduce(sum(len(s.prompt_ids) + len(s.response_ids) for s in trained))
-        m = records.metrics_line(cfg, {
-            "iteration": it, **summed, "tokens": int(tokens), "lr": sched.get_last_lr()[0], **adv_stats,
-            **upd,
+        m = records.metrics_line(cfg, {   # the default keys, or all of them (--metrics all)
+            "iteration": it, **summed, "tokens": int(tokens), "lr": sched.get_last_lr()[0],
+            **adv_stats, **upd,
             "time_gen": timing["gen"], "time_env": timing["env"], "time_rollout_other": timing["other"],
             "time_update": timer["update"], "time_logprobs": timer["logprobs"], "time_sync": timer["sync"],
             "time_iteration": dt, "samples_per_s": summed["samples"] / dt,
             "update_tokens_per_s": tokens / timer["update"],
             "eval_success": eval_success,   # named sets (ALFWorld): also eval_success/<set>[/<task type>]
             **{f"eval_success/{k}": v for k, v in eval_rates.items() if k != "held-out"},
-            "wall": time.perf_counter() - t_run})   # the default keys, or all of them (--metrics all)
+            "wall": time.perf_counter() - t_run})
         if rank == 0:
             log.write(json.dumps(m) + "\n")
             log.flush()
@@ -360,8 +360,8 @@ def drop_dead_workers(samples, episodes):
 
 
 # DAPO's overlong penalty, reward units: off (0); > 0 takes it off the rewards of replies cut at
-# --max_response_tokens (DAPO: a soft ramp to 1 over the last 4096 tokens before its 20480 cap). Never
-# measured here; the tiny model's one-word replies never reach EOS, so all of them would count as cut.
+# --max_response_tokens (DAPO: a soft ramp to 1 over the last 4096 tokens before its 20480 cap). No
+# result here used it; the tiny model's one-word replies never reach EOS, so all of them would count as cut.
 OVERLONG_PENALTY = 0.0
 
 
@@ -375,13 +375,13 @@ def shaped_rewards(cfg, samples, eos):
     return rewards
 
 
-# GiGPO's fixed values (the paper's, in all its runs) and --algo ppo's GAE lambda: gigpo.advantages' arguments
-GAMMA = 0.95        # discount of step returns over an episode's turns (paper: 0.95)
-OMEGA = 1.0         # weight of the step-level advantage A^S, A = A^E + omega A^S (paper: 1.0)
-PENALTY = 0.1       # invalid-action penalty lambda, reward units, off the sample's score (paper: 0.1)
-STATS = "step"      # episode-group statistics over step samples (the reference's); "traj": over
-                    # trajectories, one R(tau) each (the paper's text; README, "Where we depart")
-GAE_LAMBDA = 0.95   # --algo ppo: GAE lambda over env steps, 1 = returns, 0 = one-step TD (PPO paper: 0.95)
+# GiGPO's fixed values (the paper's) and --algo ppo's GAE lambda: gigpo.advantages' arguments
+GAMMA = 0.95           # discount of step returns over an episode's turns (paper: 0.95)
+OMEGA = 1.0            # weight of the step-level advantage A^S, A = A^E + omega A^S (paper: 1.0)
+PENALTY = 0.1          # invalid-action penalty lambda, reward units, per invalid action (paper: 0.1)
+GROUP_STATS = "step"   # episode-group statistics over step samples (the reference's); "traj": over
+                       # trajectories, one R(tau) each (the paper's text; README, "Where we depart")
+GAE_LAMBDA = 0.95      # --algo ppo: GAE lambda over env steps, 1 = returns, 0 = one-step TD (PPO paper: 0.95)
 
 
 def advantages(cfg, samples, it, rank, values=None, eos=None):
@@ -403,8 +403,9 @@ def advantages(cfg, samples, it, rank, values=None, eos=None):
                                                                       np.concatenate([p[5] for p in ranks])]
     try:
         parts = gigpo.advantages(
-            *cols[:5], algo=cfg.algo, gamma=GAMMA, omega=OMEGA, penalty=PENALTY, norm=cfg.norm, stats=STATS,
-            similarity=cfg.similarity or None, values=cols[5], gae_lambda=GAE_LAMBDA, tied_step=cfg.tied_step)
+            *cols[:5], algo=cfg.algo, gamma=GAMMA, omega=OMEGA, penalty=PENALTY, norm=cfg.norm,
+            stats=GROUP_STATS, similarity=cfg.similarity or None, values=cols[5], gae_lambda=GAE_LAMBDA,
+            tied_step=cfg.tied_step)
     except ValueError as e:
         sys.exit(f"error: iteration {it}: {e}")
     parts = {k: v[lo:lo + len(samples)] if isinstance(v, np.ndarray) else v for k, v in parts.items()}
