@@ -137,7 +137,7 @@ def overlong_rewards(rewards, response_lengths, ended, max_tokens, penalty):
 
     DAPO's soft ramp (a penalty growing over the last L_cache tokens before the cap) is not
     implemented. It enters the step's reward, so episode scores and step returns see it. The tiny
-    model's one-token replies never reach EOS: every one counts as cut (leave --overlong_penalty 0).
+    model's one-token replies never reach EOS: every one counts as cut (leave train.OVERLONG_PENALTY 0).
     rewards, response_lengths, ended: (N,). Returns (N,) float64.
     """
     cut = (np.asarray(response_lengths) >= max_tokens) & ~np.asarray(ended, dtype=bool)

@@ -33,13 +33,13 @@ from records import write_whole
 # noise on every save, and the line before a resume's one-line error
 warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
 
-# flags a resumed run may change: none changes what is trained (logp_every: which samples logp_gap is
-# measured on; engine, kv_cache_mb, gpu_memory_utilization, compile: how the same distribution is
-# sampled and computed; log_groups, log_mb, peak_tflops: what is logged); env_args: compared as the
-# env's arguments (env_kwargs), so spelling out a default changes nothing
+# flags a resumed run may change: none changes what is trained (engine, kv_cache_mb, gpu_memory_utilization,
+# compile: how the same distribution is sampled and computed; log_groups, metrics: what is logged; overlap:
+# when env steps run; logp_every, log_mb, peak_tflops: flags of older runs' configs); env_args: compared as
+# the env's arguments (env_kwargs), so spelling out a default changes nothing
 RESUME_FREE = {"resume", "iterations", "eval_every", "time_limit", "threads", "env_workers", "wandb",
                "device", "out_dir", "logp_every", "engine", "kv_cache_mb", "gpu_memory_utilization", "compile",
-               "log_groups", "log_mb", "peak_tflops", "env_args"}
+               "log_groups", "log_mb", "peak_tflops", "env_args", "metrics", "overlap"}
 RUN_FILES = ("ckpt", "ckpt.old", "model", "metrics.jsonl")   # what makes an out_dir hold a run
 _LOCKS = {}   # out_dir (real path) -> its locked .lock file, open until the process ends
 

@@ -32,6 +32,10 @@ ENGINES = ("auto", "hf", "vllm")   # --engine
 # generating, its per-step overhead larger than the model's compute; for SmolLM2-135M vLLM was faster
 # (LOG.md). The cut between the two measured sizes is a guess (docs/training.md).
 AUTO_HF_ON_CPU = 10**7
+# train.py's vLLM engine: rollout log-probs for one sample in 8 (logp_gap's); --tis_cap asks for all.
+# Per-token log-prob bookkeeping is Python work on every decode step: one in 8 made 1.06x the tokens/s
+# of all (bench/README.md)
+LOGP_EVERY = 8
 
 
 def context_length(config):

@@ -3,7 +3,7 @@
     python plots.py out            # -> out/curves.png and out/report.html
 
 curves.png: training and held-out success, valid ratio, entropy, KL to the reference, seconds per
-phase, prompt tokens, against the iteration (from metrics.jsonl, matplotlib). report.html: one
+phase, tokens trained on, against the iteration (from metrics.jsonl, matplotlib). report.html: one
 self-contained page with the curves and the recorded episodes (episodes.jsonl, written by
 train.py: see records.py). Pick an iteration and split; each episode group shows its trajectories
 side by side, one cell per step coloured by its advantage (green > 0, red < 0, grey: evaluation,
@@ -19,7 +19,7 @@ import sys
 PANELS = [  # (title, metric keys)
     ("success", ["success", "eval_success", "won_group_frac"]), ("valid ratio", ["valid_ratio"]), ("entropy", ["entropy"]),
     ("KL to reference", ["kl_ref"]), ("seconds per phase", ["time_gen", "time_env", "time_update", "time_sync"]),
-    ("prompt tokens", ["prompt_tokens"]),
+    ("tokens trained on", ["tokens"]),
 ]
 
 

@@ -15,6 +15,12 @@ import torch.distributed as dist
 from fsdp import all_reduce, dist_on
 
 LOSSES = ("ppo", "gspo")   # token ratio (policy_loss) | sequence ratio (gspo_loss): --loss
+# update()'s fixed values (no flags), the paper's where it has one
+EPOCHS = 1        # passes over each batch (paper: 1)
+GRAD_CLIP = 1.0   # max gradient norm of each optimizer step, the model's and the critic's apart (paper: 1.0)
+DUAL_CLIP = 3.0   # dual-clip c: a negative advantage's token term is at most -A c; --loss ppo only (paper: 3)
+VF_COEF = 0.5     # --algo ppo: weight of the value loss in the shared loss (PPO paper's c1: 1, on Atari)
+VF_CLIP = 0.5     # --algo ppo: value clip, V within V_old +- this, reward units (verl: 0.5)
 
 
 # ---- the losses (PPO, Schulman et al. 2017, arXiv 1707.06347; DAPO, Yu et al. 2025, arXiv 2503.14476;
@@ -277,12 +283,12 @@ class Critic:
     Why a head on the policy and not a separate value model (verl's critic is a second LLM with its
     own optimizer): the update's forward yields V at no extra cost (one no-grad pass before the
     advantages gives the values GAE needs), and nothing else is sharded, saved or pushed twice. The
-    value loss flows into the shared trunk, weighted by --vf_coef (the PPO paper's shared-parameter
+    value loss flows into the shared trunk, weighted by VF_COEF (the PPO paper's shared-parameter
     objective, eq. 9: L^CLIP - c1 L^VF). Zero-initialised: V = 0 on every rank with no broadcast, so
     the first advantages are plain discounted returns.
     The head lives outside the model, fp32, on the model's device: inside, FSDP2 would shard it and
     the engine (push_weights) and the HF export would get a weight they do not know. So it has its
-    own AdamW (--lr, --weight_decay, the same cosine), its own gradient clip at --grad_clip, its
+    own AdamW (--lr, --weight_decay, the same cosine), its own gradient clip at GRAD_CLIP, its
     gradient averaged over ranks by hand (FSDP2 does the model's), and its own file in the
     checkpoint (checkpoint.save / load_checkpoint's `extra`), so --resume 1 keeps it."""
 
@@ -336,7 +342,7 @@ def update(model, opt, sched, samples, *, old, ref, adv, cfg, device, pad_id, pa
     (logprobs(); ref None = no KL term); adv: one float per sample; pad_id: the tokenizer's pad
     token; packed: one packed row per micro-batch (varlen attention) instead of padded rows. --loss
     gspo: GSPO's sequence ratio, a mean over the mini-batch's sequences. critic (--algo ppo): its
-    clipped value loss joins the loss (x --vf_coef), mean over samples; targets: per sample (old
+    clipped value loss joins the loss (x VF_COEF), mean over samples; targets: per sample (old
     value, value target)."""
     world = dist.get_world_size() if dist_on() else 1
     keys = ("loss", "clip_frac", "kl_ref", "entropy", "tis_weight", "tis_trunc_frac", "grad_norm") + \
@@ -344,7 +350,7 @@ def update(model, opt, sched, samples, *, old, ref, adv, cfg, device, pad_id, pa
     stats = {k: torch.zeros((), device=device) for k in keys}
     clip_high = cfg.clip_high or cfg.clip
     n_steps = 0
-    for _ in range(cfg.ppo_epochs):
+    for _ in range(EPOCHS):
         perm = torch.randperm(len(samples)).tolist()
         steps = max(1, math.ceil(all_reduce(len(samples), "max") * world / cfg.mini_batch))
         for chunk in np.array_split(perm, steps):
@@ -375,12 +381,12 @@ def update(model, opt, sched, samples, *, old, ref, adv, cfg, device, pad_id, pa
                     stats["clip_frac"] += pst["clip_frac"] * len(mb) / n_seq
                 else:
                     loss, pst = policy_loss(logp[None], cat(old), a.to(device)[None], m, cfg.clip,
-                                            cfg.dual_clip or None, token_count=n_tok, weights=w, clip_high=clip_high)
+                                            DUAL_CLIP, token_count=n_tok, weights=w, clip_high=clip_high)
                     stats["clip_frac"] += pst["clip_frac"] * len(logp) / n_tok
                 if critic:
                     t = torch.tensor(np.asarray([targets[i] for i in mb]), dtype=torch.float32, device=device)
-                    vl, vclip = value_loss(v, t[:, 0], t[:, 1], cfg.vf_clip or None, count=n_seq)
-                    loss = loss + cfg.vf_coef * vl
+                    vl, vclip = value_loss(v, t[:, 0], t[:, 1], VF_CLIP, count=n_seq)
+                    loss = loss + VF_COEF * vl
                     stats["value_loss"] += vl.detach()
                     stats["vf_clip_frac"] += vclip * len(mb) / n_seq
                 ent_sum = ent.sum() / n_tok
@@ -392,11 +398,11 @@ def update(model, opt, sched, samples, *, old, ref, adv, cfg, device, pad_id, pa
                 loss.backward()
                 stats["loss"] += loss.detach()
                 stats["entropy"] += ent_sum.detach()
-            gn = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            gn = torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
             stats["grad_norm"] += gn.full_tensor() if hasattr(gn, "full_tensor") else gn
             opt.step()
             if critic:
-                critic.step(cfg.grad_clip, world)
+                critic.step(GRAD_CLIP, world)
             n_steps += 1
     sched.step()
     if critic:

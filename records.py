@@ -1,6 +1,6 @@
 """What a run writes besides its checkpoints: metrics.jsonl, and whole episodes, to see what the
 agent did and what GiGPO made of it; and what makes the metrics line (the phase timer, the training
-numbers summed over ranks, MFU), the progress bar and wandb.
+numbers summed over ranks, which keys the line holds), the progress bar and wandb.
 
 `out_dir/metrics.jsonl` gets one line per iteration (README, "Metrics"); a resumed run keeps the
 lines of the iterations its checkpoint holds (checkpoint.kept_log) and drops the rest. Both logs
@@ -14,7 +14,7 @@ return, the episode-level advantage A^E, the step-level A^S, the advantage train
 state and its step group (id and size). Evaluation steps have no advantages (null).
 
 Bounded: a prompt is cut to its last PROMPT_CHARS characters, and the file stops growing at
-`--log_mb` MiB (one line says so); the viewer (`python plots.py OUT_DIR`) reads it.
+LOG_MB MiB (one line says so); the viewer (`python plots.py OUT_DIR`) reads it.
 """
 import contextlib
 import dataclasses
@@ -31,6 +31,7 @@ from checks import fail
 from fsdp import all_reduce
 
 PROMPT_CHARS = 4000
+LOG_MB = 100   # episodes.jsonl stops growing at this size, MiB
 
 
 def write_whole(path, text):
@@ -126,7 +127,7 @@ class EpisodeLog:
         size = os.path.getsize(self.path) if os.path.exists(self.path) else 0
         if size + len(text) > self.cap:
             self.full = True
-            print(f"note: {self.path} reached --log_mb {self.cap >> 20}; no more episodes are written to it")
+            print(f"note: {self.path} reached {self.cap >> 20} MiB; no more episodes are written to it")
             return
         append_lines(self.path, text)
 
@@ -140,7 +141,7 @@ def wandb_table(wandb, recs):
     return wandb.Table(columns=cols, data=rows)
 
 
-# ---- the metrics line: phase timer, the training numbers, MFU, the progress bar and wandb ----
+# ---- the metrics line: phase timer, the training numbers, its keys, the progress bar and wandb ----
 class Timer(dict):
     """Seconds per phase of one iteration: `with timer("update", device):` adds the block's seconds to
     timer["update"] (on CUDA once the device has finished the block's work); since_start() is the
@@ -170,7 +171,7 @@ def training_metrics(samples, trained, episodes, n_dead, adv, old):
     may leave none) and their count, episodes lost to dead workers. The token means (of the
     collected samples) and adv_abs (of the trained ones) are this rank's."""
     gap = torch.cat([torch.zeros(0)] + [(o - torch.tensor(s.logprobs)).abs() for o, s in zip(old, trained)
-                                        if s.logprobs is not None])   # vLLM: one sample in --logp_every
+                                        if s.logprobs is not None])   # vLLM: one sample in engine.LOGP_EVERY
     lost = {e["group"] for e in episodes if not e["won"]}
     groups = {e["group"] for e in episodes}
     sums = {"won": sum(e["won"] for e in episodes), "return": sum(e["return"] for e in episodes),
@@ -189,11 +190,25 @@ def training_metrics(samples, trained, episodes, n_dead, adv, old):
             "logp_gap": tot["gap"] / max(tot["gap_tokens"], 1)}
 
 
-def mfu(cfg, model, tokens, seconds, world):
-    """Model FLOPs utilisation of time_update: 2N FLOPs per token for the forward of the old log-probs
-    and 6N per token and epoch for the update's forward/backward, N parameters, over the peak of all ranks."""
-    n_params = sum(p.numel() for p in model.parameters())
-    return (2 + 6 * cfg.ppo_epochs) * n_params * tokens / seconds / (cfg.peak_tflops * 1e12 * world)
+# the metrics line's default keys (README, "Metrics"): what a reader needs to judge a run; eval_success/SET
+# (named eval sets) come with eval_success. --metrics all adds the rest: histograms, sub-timers,
+# throughput, update details.
+DEFAULT_METRICS = ("iteration", "success", "reward", "valid_ratio", "episode_length", "samples", "tokens",
+                   "zero_var_group_frac", "mean_step_group_size", "kl_ref", "entropy", "logp_gap", "loss",
+                   "grad_norm", "time_gen", "time_env", "time_update", "time_iteration", "eval_success",
+                   "wall")
+
+
+def metrics_line(cfg, m):
+    """All of an iteration's metrics -> those its metrics.jsonl line holds: every one under --metrics
+    all; else DEFAULT_METRICS, eval_success/SET, and a feature's own keys while it is on."""
+    if cfg.metrics == "all":
+        return m
+    feature = {"tis_weight": cfg.tis_cap > 0, "tis_trunc_frac": cfg.tis_cap > 0,
+               "value_loss": cfg.algo == "ppo", "vf_clip_frac": cfg.algo == "ppo",
+               "dropped_groups": cfg.dynamic_sampling, "worker_died": cfg.env_workers > 0}
+    return {k: v for k, v in m.items()
+            if k in DEFAULT_METRICS or k.startswith("eval_success/") or feature.get(k)}
 
 
 def show_progress(bar, m, it, wandb, line):
@@ -204,11 +219,12 @@ def show_progress(bar, m, it, wandb, line):
     ev = m["eval_success"]
     bar.set_postfix(success=f"{m['success']:.2f}", reward=f"{m['reward']:.2f}", valid=f"{m['valid_ratio']:.2f}",
                     eval=ev if ev is None else f"{ev:.2f}", refresh=False)
-    if line:
-        tqdm.write(f"it {it}: {int(m['samples'])} samples, {m['samples_per_s']:.0f} samples/s | time gen "
-                   f"{m['time_gen']:.2f}s env {m['time_env']:.2f}s update {m['time_update']:.2f}s "
-                   f"other {m['time_rollout_other']:.2f}s | success {m['success']:.2f} valid "
-                   f"{m['valid_ratio']:.2f} eval {ev}")
+    if line:   # from the default keys: "rest" is the iteration less generation, env and update
+        dt = m["time_iteration"]
+        rest = dt - m["time_gen"] - m["time_env"] - m["time_update"]
+        tqdm.write(f"it {it}: {int(m['samples'])} samples, {m['samples'] / dt:.0f} samples/s "
+                   f"| time gen {m['time_gen']:.2f}s env {m['time_env']:.2f}s update {m['time_update']:.2f}s "
+                   f"rest {rest:.2f}s | success {m['success']:.2f} valid {m['valid_ratio']:.2f} eval {ev}")
 
 
 def open_wandb(cfg):

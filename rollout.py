@@ -24,7 +24,7 @@ class Sample:
     """One (env, step): one LLM call, one training sample."""
     prompt_ids: list
     response_ids: list
-    logprobs: list      # rollout log-probs of response_ids, one per token; None if not asked (--logp_every)
+    logprobs: list      # rollout log-probs of response_ids, one per token; None if not asked (LOGP_EVERY)
     reward: float
     done: bool
     valid: bool         # did the response parse into an admissible action?

@@ -14,6 +14,7 @@ from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, tr
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 SPECIALS = ["<pad>", "<eos>", "<unk>"]
+HIDDEN, LAYERS, HEADS = 64, 2, 2   # the default model's shape (above: why); a test of another builds it here
 CHAT_TEMPLATE = ("{% for m in messages %}{{ m['content'] }} {% endfor %}"
                  "{% if add_generation_prompt %}act{% endif %}")
 
@@ -76,7 +77,8 @@ def build_tokenizer(env_name, env_kwargs=None):
     return hf
 
 
-def build_tiny(env_name="treasure", hidden=64, layers=2, heads=2, init_std=0.1, seed=0, env_kwargs=None):
+def build_tiny(env_name="treasure", hidden=HIDDEN, layers=LAYERS, heads=HEADS, init_std=0.1, seed=0,
+               env_kwargs=None):
     import torch
     tokenizer = build_tokenizer(env_name, env_kwargs)
     config = LlamaConfig(

@@ -52,7 +52,7 @@ from checkpoint import (checkpoint_path, claim_out_dir, interrupted, kept_log, l
                         save)
 from fsdp import (PACKED_ATTN, add_lora, all_finite, all_gather, all_reduce, attn_implementation, balance_tokens,
                   dist_on, finish_dist, full_parameters, setup_dist, shard)
-from engine import make_engine
+from engine import LOGP_EVERY, make_engine
 from rollout import rollout
 
 
@@ -71,47 +71,30 @@ class Config:
     model: str = "tiny"            # "tiny" = built here from scratch (tiny.py), or an HF name/path
     prompt: str = ""               # a prompt variant of prompts/<env>.py (build_NAME), e.g. "choice" (ALFWorld:
                                    # answer with an action's number); "" = the tiny model's or the chat prompt
-    tiny_hidden: int = 64          # tiny model: hidden size (head_dim = hidden / heads >= 32 for vLLM CPU)
-    tiny_layers: int = 2           # tiny model: decoder layers
-    tiny_heads: int = 2            # tiny model: attention heads
     temperature: float = 1.0       # rollout sampling temperature (paper: 1.0)
-    top_p: float = 1.0             # rollout nucleus sampling
     max_response_tokens: int = 1   # tokens per step response: the tiny model says one word (paper: 512)
     engine: str = "auto"           # auto (hf for a model under 10M parameters on CPU, e.g. the tiny default; else
                                    # vllm where it imports and serves the model, else hf) | hf | vllm (rollout.py)
     kv_cache_mb: int = 1024        # vLLM on CPU (or GPU with --gpu_memory_utilization 0): KV cache size, MiB
     gpu_memory_utilization: float = 0.3  # vLLM on GPU: share of GPU memory it takes (weights + KV cache);
                                    # 0 = a fixed --kv_cache_mb cache, no start-up profiling (runs sharing a GPU)
-    logp_every: int = 8            # vLLM: rollout log-probs for 1 sample in N (logp_gap's); 1 = all, as --tis_cap gets
-    # algorithm (gigpo.py)
+    # algorithm (gigpo.py; its fixed values, the paper's, by advantages() below: gamma, omega, penalty)
     algo: str = "gigpo"            # gigpo | grpo | rloo | ppo (a learned critic) | reinforce_pp (gigpo.ALGOS)
-    gamma: float = 0.95            # discount of step returns (paper: 0.95)
-    gae_lambda: float = 0.95       # --algo ppo: GAE lambda over env steps, 1 = returns, 0 = TD (PPO paper: 0.95)
-    vf_coef: float = 0.5           # --algo ppo: weight of the value loss in the shared loss (PPO paper c1: 1, Atari)
-    vf_clip: float = 0.5           # --algo ppo: value clip, V within V_old +- this, reward units; 0 = off (verl: 0.5)
-    omega: float = 1.0             # weight of the step-level advantage (paper: 1.0)
     tied_step: bool = True         # A^S also in episode groups whose scores all tie (paper); 0 = ablation: not there
-    penalty: float = 0.1           # invalid-action penalty lambda (paper: 0.1)
     norm: str = "mean_norm"        # mean_norm (paper "w/o std") | mean_std_norm ("w/ std"; plateaus here, LOG.md)
-    stats: str = "step"            # episode-group statistics over step samples (reference) | traj (paper text)
     similarity: float = 0.0        # 0 = exact anchor match; else difflib ratio threshold for step groups
     # optimisation
     iterations: int = 250          # training iterations (paper: 150)
     lr: float = 3e-3               # peak learning rate (paper: 1e-6 for 1.5B)
     lr_min: float = 0.1            # cosine decay to lr * lr_min at the end; 1.0 = constant (paper)
     weight_decay: float = 0.0      # AdamW weight decay (paper: 0.01)
-    grad_clip: float = 1.0         # max grad norm (paper: 1.0)
     clip: float = 0.2              # PPO clip epsilon, the ratio's lower side 1 - clip (paper: 0.2; GSPO: 3e-4)
     clip_high: float = 0.0         # upper side 1 + clip_high; 0 = --clip (DAPO's clip-higher: 0.28; GSPO: 4e-4)
     loss: str = "ppo"              # ppo (token ratio) | gspo (one ratio per sequence; pass GSPO's --clip/--clip_high)
-    dual_clip: float = 3.0         # dual-clip c for negative advantages; 0 = off; --loss ppo only (paper: 3)
     dynamic_sampling: bool = False # DAPO: drop episode groups whose advantages are all 0 (scores tie), no refill
-    overlong_penalty: float = 0.0  # DAPO: reward minus this where a reply is cut at --max_response_tokens; 0 = off
-                                   # (DAPO: a soft ramp to 1 over the last 4096 tokens before its 20480 cap)
     kl_coef: float = 0.0           # k3 KL to the frozen initial model; 0 = no reference (paper: 0.01)
     entropy_coef: float = 0.0      # entropy bonus (paper: 0.001)
     tis_cap: float = 0.0           # > 0: truncated importance sampling, token loss x min(pi_old / pi_rollout, cap) (verl: 2)
-    ppo_epochs: int = 1            # passes over each batch (paper: 1)
     mini_batch: int = 512          # step samples per optimizer step (paper: 256)
     micro_batch_tokens: int = 8192 # tokens per forward/backward (padded rows on CPU, packed rows on GPU)
     grad_ckpt: bool = False        # activation checkpointing (saves memory on big models, costs ~1/3 more compute)
@@ -123,19 +106,18 @@ class Config:
     eval_episodes: int = 256       # held-out seeds 10**9 + [0, n): the same set every run
     eval_temperature: float = 0.0  # 0 = greedy (paper: 0.4 sampled)
     seed: int = 0                  # seeds torch, python and the training env seeds (train_seed)
-    train_seeds: int = 0           # 0 = fresh env seeds every iteration; N = cycle N fixed tasks (overfit check)
     threads: int = 1               # torch CPU threads; 1: the tiny model's ops are too small to split, and 2 on a
                                    # loaded 2-core machine made default iterations 7x slower (docs/training.md)
     device: str = "auto"           # auto | cpu | cuda
     out_dir: str = "out"           # metrics.jsonl, episodes.jsonl, ckpt/ (to resume), model/ (HF format)
     wandb: bool = False            # log to Weights & Biases (rank 0): metrics, and a table of episodes at each eval
+    metrics: str = "default"       # metrics.jsonl keys: default (what judges a run) | all (+ histograms,
+                                   # sub-timers, throughput, update details; README, "Metrics")
     log_groups: int = 1            # whole episodes to out_dir/episodes.jsonl: this many training groups per iteration,
                                    # 8x this many episodes per eval set (records.py); 0 = none
-    log_mb: int = 100              # episodes.jsonl stops growing at this size
     resume: bool = False           # continue from out_dir/ckpt (same config; --iterations may grow)
     time_limit: float = 0.0        # minutes of this call's training: stop at the first iteration past them,
                                    # evaluated and saved as at the end (--resume goes on); 0 = none
-    peak_tflops: float = 0.0       # the device's peak bf16 TFLOP/s per GPU, for the mfu metric (H200: ~790)
     eval_only: bool = False        # load --model, evaluate it (as above), print the result, exit
     eval_sets: str = ""            # envs with named eval sets (alfworld): comma-separated names to run; "" = all
 
@@ -150,6 +132,7 @@ PRESETS = {
                      lr=1e-6, lr_min=1.0, weight_decay=0.01, kl_coef=0.01, entropy_coef=0.001, mini_batch=256,
                      norm="mean_std_norm", eval_every=10, eval_episodes=140, micro_batch_tokens=16384),
 }
+TOP_P = 1.0   # rollout nucleus sampling: off, the whole distribution (paper: 1.0)
 
 
 def main(argv=None):
@@ -194,7 +177,7 @@ def main(argv=None):
            f"{baseline and success_text(baseline)}")
     log = open_metrics_log(cfg.out_dir, kept, start) if rank == 0 else None
     wandb = records.open_wandb(cfg) if cfg.wandb and rank == 0 else None
-    episode_log = records.EpisodeLog(cfg.out_dir, cfg.log_mb, start) if rank == 0 else None
+    episode_log = records.EpisodeLog(cfg.out_dir, records.LOG_MB, start) if rank == 0 else None
     shown = []   # this iteration's recorded training episodes: wandb's table at the next eval
     t_run = time.perf_counter()
     eval_success, eval_rates = None, {}   # the headline; every set (and task type) on its own
@@ -205,10 +188,10 @@ def main(argv=None):
         timer = records.Timer()
         # 1. collect: this rank's groups, each from its own seed; every env step is a sample
         memories = [make_memory(cfg.memory, cfg.memory_k or None) for _ in range(envs.n)]
-        seeds = [train_seed(cfg.seed, it, g, cfg.n_groups, cfg.train_seeds)
+        seeds = [train_seed(cfg.seed, it, g, cfg.n_groups)
                  for g in range(rank * local_groups, (rank + 1) * local_groups)]
         samples, episodes, timing = rollout(envs, engine, tok, prompt, memories, seeds, cfg.temperature,
-                                            cfg.top_p, cfg.max_response_tokens, overlap=cfg.overlap)
+                                            TOP_P, cfg.max_response_tokens, overlap=cfg.overlap)
         samples, episodes, n_dead = drop_dead_workers(samples, episodes)
         if all_reduce(len(episodes)) == 0:   # every worker died at once: a full disk, an env that cannot start
             sys.exit(f"error: iteration {it}: every episode was cut short by a dead env worker (the workers' "
@@ -252,15 +235,16 @@ def main(argv=None):
         dt = timer.since_start()
         summed = records.training_metrics(samples, trained, episodes, n_dead, adv, old)   # all ranks
         tokens = all_reduce(sum(len(s.prompt_ids) + len(s.response_ids) for s in trained))
-        m = {"iteration": it, **summed, "lr": sched.get_last_lr()[0], **adv_stats, **upd,
-             "time_gen": timing["gen"], "time_env": timing["env"], "time_rollout_other": timing["other"],
-             "time_update": timer["update"], "time_logprobs": timer["logprobs"], "time_sync": timer["sync"],
-             "time_iteration": dt, "samples_per_s": summed["samples"] / dt, "update_tokens_per_s": tokens / timer["update"],
-             "eval_success": eval_success,   # named sets (ALFWorld): also eval_success/<set>[/<task type>]
-             **{f"eval_success/{k}": v for k, v in eval_rates.items() if k != "held-out"},
-             "wall": time.perf_counter() - t_run}
-        if cfg.peak_tflops:
-            m["mfu"] = records.mfu(cfg, model, tokens, timer["update"], world)
+        m = records.metrics_line(cfg, {   # the default keys, or all of them (--metrics all)
+            "iteration": it, **summed, "tokens": int(tokens), "lr": sched.get_last_lr()[0],
+            **adv_stats, **upd,
+            "time_gen": timing["gen"], "time_env": timing["env"], "time_rollout_other": timing["other"],
+            "time_update": timer["update"], "time_logprobs": timer["logprobs"], "time_sync": timer["sync"],
+            "time_iteration": dt, "samples_per_s": summed["samples"] / dt,
+            "update_tokens_per_s": tokens / timer["update"],
+            "eval_success": eval_success,   # named sets (ALFWorld): also eval_success/<set>[/<task type>]
+            **{f"eval_success/{k}": v for k, v in eval_rates.items() if k != "held-out"},
+            "wall": time.perf_counter() - t_run})
         if rank == 0:
             records.append_lines(log, json.dumps(m) + "\n")
         if checkpoint:
@@ -291,7 +275,7 @@ def evaluate_only(cfg, rank, device, eval_envs, prompt):
     model, tok = load_model(cfg, device)
     engine = make_engine(cfg.engine, model, tok, kv_cache_mb=cfg.kv_cache_mb,
                          gpu_memory_utilization=cfg.gpu_memory_utilization, compile=compiled(cfg, device),
-                         logp_every=cfg.logp_every)   # evaluation reads none: as few as a run asks for
+                         logp_every=LOGP_EVERY)   # evaluation reads none: as few as a run asks for
     rates = evaluate(tok, cfg, eval_envs, prompt, engine) if rank == 0 else None
     if rank == 0:
         print(f"eval-only success {rates and success_text(rates)} ({eval_what(cfg)}; model {cfg.model}, "
@@ -338,7 +322,7 @@ def build_policy(cfg, device, world, print0):
     copy_dtype = (torch.bfloat16 if device.type == "cuda" else torch.float32) if distributed else None
     engine = make_engine(cfg.engine, model, tok, kv_cache_mb=cfg.kv_cache_mb,
                          gpu_memory_utilization=cfg.gpu_memory_utilization, copy_dtype=copy_dtype,
-                         compile=compiled(cfg, device), logp_every=1 if cfg.tis_cap > 0 else cfg.logp_every)
+                         compile=compiled(cfg, device), logp_every=1 if cfg.tis_cap > 0 else LOGP_EVERY)
     gen_model = engine.own_model
     if cfg.lora_rank:   # after the engine is built from the plain model; the KL reference = adapters off
         model = add_lora(model, cfg.lora_rank)
@@ -377,12 +361,12 @@ def stretch_note(cfg, before, start):
             f"{old:.3g} of --iterations {before} (docs/training.md, \"Checkpoints and crashes\")")
 
 
-def train_seed(seed, it, g, n_groups, train_seeds=0):
-    """The env seed of group g in iteration it: seed * 10**7 + it * n_groups + g (train_seeds = N:
-    + g % N, the same N tasks every iteration). A value that reaches HELD_OUT moves up by HELD_OUT,
-    past [HELD_OUT, 2 HELD_OUT), where the held-out seeds are: no --seed or --iterations trains on
-    them (--seed 100 did); below it (the default run: 32..8031) the seed is unchanged."""
-    raw = seed * 10**7 + (g % train_seeds if train_seeds else it * n_groups + g)
+def train_seed(seed, it, g, n_groups):
+    """The env seed of group g in iteration it: seed * 10**7 + it * n_groups + g. A value that
+    reaches HELD_OUT moves up by HELD_OUT, past [HELD_OUT, 2 HELD_OUT), where the held-out seeds are:
+    no --seed or --iterations trains on them (--seed 100 did); below it (the default run: 32..8031)
+    the seed is unchanged."""
+    raw = seed * 10**7 + it * n_groups + g
     return raw + HELD_OUT if raw >= HELD_OUT else raw
 
 
@@ -393,14 +377,29 @@ def drop_dead_workers(samples, episodes):
     return [s for s in samples if s.traj not in dead], [e for e in episodes if not e.get("worker_died")], len(dead)
 
 
+# DAPO's overlong penalty, reward units: off (0); > 0 takes it off the rewards of replies cut at
+# --max_response_tokens (DAPO: a soft ramp to 1 over the last 4096 tokens before its 20480 cap). No
+# result here used it; the tiny model's one-word replies never reach EOS, so all of them would count as cut.
+OVERLONG_PENALTY = 0.0
+
+
 def shaped_rewards(cfg, samples, eos):
-    """The rewards the advantages see: the env's, minus --overlong_penalty (DAPO) on replies cut at
+    """The rewards the advantages see: the env's, minus OVERLONG_PENALTY (DAPO) on replies cut at
     --max_response_tokens."""
     rewards = [s.reward for s in samples]
-    if cfg.overlong_penalty:
+    if OVERLONG_PENALTY:
         rewards = overlong_rewards(rewards, [len(s.response_ids) for s in samples], [
-            s.response_ids[-1:] == [eos] for s in samples], cfg.max_response_tokens, cfg.overlong_penalty)
+            s.response_ids[-1:] == [eos] for s in samples], cfg.max_response_tokens, OVERLONG_PENALTY)
     return rewards
+
+
+# GiGPO's fixed values (the paper's) and --algo ppo's GAE lambda: gigpo.advantages' arguments
+GAMMA = 0.95           # discount of step returns over an episode's turns (paper: 0.95)
+OMEGA = 1.0            # weight of the step-level advantage A^S, A = A^E + omega A^S (paper: 1.0)
+PENALTY = 0.1          # invalid-action penalty lambda, reward units, per invalid action (paper: 0.1)
+GROUP_STATS = "step"   # episode-group statistics over step samples (the reference's); "traj": over
+                       # trajectories, one R(tau) each (the paper's text; README, "Where we depart")
+GAE_LAMBDA = 0.95      # --algo ppo: GAE lambda over env steps, 1 = returns, 0 = one-step TD (PPO paper: 0.95)
 
 
 def advantages(cfg, samples, it, rank, values=None, eos=None):
@@ -408,7 +407,7 @@ def advantages(cfg, samples, it, rank, values=None, eos=None):
     critic's old value and lambda-return target per sample, zeros without one; the indices of the
     samples to train on: all, or under --dynamic_sampling 1 all but the groups whose advantages are
     all 0 (baselines.silent_groups); gigpo.advantage_stats of the groups + dropped_groups, for the log).
-    --overlong_penalty (DAPO) comes off the cut replies' rewards first. BATCH_ALGOS (ppo, reinforce_pp)
+    OVERLONG_PENALTY (DAPO; off) comes off the cut replies' rewards first. BATCH_ALGOS (ppo, reinforce_pp)
     normalise over the whole batch: under torchrun, every rank's samples. NaN/inf rewards stop the run
     here, in one line (the last checkpoint stays)."""
     trajs, groups, anchors, valid = ([getattr(s, f) for s in samples] for f in ("traj", "group", "anchor", "valid"))
@@ -422,8 +421,8 @@ def advantages(cfg, samples, it, rank, values=None, eos=None):
                                                                       np.concatenate([p[5] for p in ranks])]
     try:
         parts = gigpo.advantages(
-            *cols[:5], algo=cfg.algo, gamma=cfg.gamma, omega=cfg.omega, penalty=cfg.penalty, norm=cfg.norm,
-            stats=cfg.stats, similarity=cfg.similarity or None, values=cols[5], gae_lambda=cfg.gae_lambda,
+            *cols[:5], algo=cfg.algo, gamma=GAMMA, omega=OMEGA, penalty=PENALTY, norm=cfg.norm,
+            stats=GROUP_STATS, similarity=cfg.similarity or None, values=cols[5], gae_lambda=GAE_LAMBDA,
             tied_step=cfg.tied_step)
     except ValueError as e:
         sys.exit(f"error: iteration {it}: {e}")
@@ -500,8 +499,7 @@ def parse_args(argv):
 def load_model(cfg, device):
     if cfg.model == "tiny":
         from tiny import build_tiny
-        model, tok = build_tiny(cfg.env, cfg.tiny_hidden, cfg.tiny_layers, cfg.tiny_heads, seed=cfg.seed,
-                                env_kwargs=parse_env_args(cfg.env, cfg.env_args))
+        model, tok = build_tiny(cfg.env, seed=cfg.seed, env_kwargs=parse_env_args(cfg.env, cfg.env_args))
     else:
         from transformers import AutoModelForCausalLM, AutoTokenizer
         # fp32 master weights (FSDP2 computes in bf16 on GPU); packed varlen attention on GPU (fsdp.py)

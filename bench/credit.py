@@ -116,7 +116,7 @@ def main(argv=None):
     ap.add_argument("runs", nargs="+", help="out dirs of train.py runs (episodes.jsonl with --log_groups >= 1)")
     ap.add_argument("--iterations", type=int, nargs=2, default=[1, 10**9], metavar=("FIRST", "LAST"))
     ap.add_argument("--norm", default="mean_norm", help="the runs' --norm (A^S is recomputed with it)")
-    ap.add_argument("--omega", type=float, default=1.0, help="the runs' --omega")
+    ap.add_argument("--omega", type=float, default=1.0, help="the runs' omega (train.OMEGA, the paper's 1.0)")
     ap.add_argument("--size", type=int, default=5, help="keydoor's grid size (for the steps towards the target)")
     args = ap.parse_args(argv)
     pooled, n_groups = defaultdict(list), defaultdict(Counter)

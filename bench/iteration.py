@@ -24,6 +24,9 @@ the allocator's growth), so the last is the iteration a long run repeats. Prints
 the metrics line's time_* phases, samples, tokens, update tokens/s and MFU (with --peak_tflops),
 and the update's log-prob passes apart from its step (time_logprobs); then the start-up before the
 first; --json FILE appends them (the last iteration's at the top level, every one under "per_iteration").
+train.py runs with --metrics all (the sub-timers and throughput figures are not in its default line).
+MFU of time_update: 2N FLOPs per token for the forward of the old log-probs and 6N for the update's
+forward/backward, N parameters, over --peak_tflops x ranks (the KL reference's pass is not counted).
 """
 import argparse
 import json
@@ -81,6 +84,14 @@ def make_model_dir(shape, cfg, path):
     return n
 
 
+def count_parameters(path):
+    """Parameters of the HF model folder at path, counted on the meta device (no weights loaded)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path))
+    return sum(p.numel() for p in model.parameters())
+
+
 def main():
     t_start = time.perf_counter()
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -90,6 +101,8 @@ def main():
     ap.add_argument("--model_dir", default="", help="time this HF model folder (e.g. an ALFWorld clone from "
                     "bench.bc) instead of a random --shape model")
     ap.add_argument("--json", default="", help="append the results as one JSON line to this file")
+    ap.add_argument("--peak_tflops", type=float, default=0.0, help="the GPU's peak bf16 TFLOP/s, for MFU "
+                    "(H200: ~790); 0 = no MFU")
     ap.add_argument("--iterations", type=int, default=2, help="train.py iterations; the first carries compile's "
                     "warm-up, the last is reported as the steady state")
     args, rest = ap.parse_known_args()
@@ -98,11 +111,12 @@ def main():
     if args.iterations < 1:
         raise SystemExit(f"error: --iterations {args.iterations}: run at least 1")
     argv = ["--env", args.env, "--model", model_dir, "--iterations", str(args.iterations), "--out_dir", out_dir,
-            "--eval_episodes", "1", *(["--eval_sets", "valid_seen"] if args.env == "alfworld" else []), *rest]
+            "--eval_episodes", "1", *(["--eval_sets", "valid_seen"] if args.env == "alfworld" else []),
+            "--metrics", "all", *rest]
     cfg = train.parse_args(argv)   # a bad flag stops here, in one line that names it
     t0 = time.perf_counter()
     if args.model_dir:
-        args.shape, n_params = os.path.basename(os.path.normpath(model_dir)), None
+        args.shape, n_params = os.path.basename(os.path.normpath(model_dir)), count_parameters(model_dir)
     else:
         n_params = make_model_dir(args.shape, cfg, model_dir)
         print(f"model {args.shape}: {n_params / 1e9:.2f}B parameters, random init, saved to {model_dir} in "
@@ -115,6 +129,10 @@ def main():
     train.main(argv)
     with open(os.path.join(out_dir, "metrics.jsonl")) as f:
         lines = [json.loads(line) for line in f]
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    for x in lines:   # MFU of time_update (see the module docstring)
+        x["mfu"] = 8 * n_params * x["tokens"] / x["time_update"] / (args.peak_tflops * 1e12 * world) \
+            if args.peak_tflops else None
     m = lines[-1]   # the steady state: the last iteration
     start_up = time.perf_counter() - t_main - m["wall"]   # load, engine, env workers; and their teardown
     keys = (*PHASES, "samples", "episode_length", "prompt_tokens", "response_tokens", "update_tokens_per_s", "mfu",

@@ -7,14 +7,14 @@
 
 --gpu: SmolLM2-135M-Instruct in bfloat16 on CUDA, the chat prompt, 32 groups x 8 envs, both engines
 as train.py builds them there by default (vLLM compiled, with CUDA graphs, rollout log-probs for one
-sample in --logp_every 8; transformers eager, log-probs for all); then
+sample in engine.LOGP_EVERY, 8; transformers eager, log-probs for all); then
 where the logp_gap comes from: one sampled vLLM rollout is scored by the trainer's code path
 (ppo.logprobs) in float32 and in bfloat16 (packed varlen rows, as FSDP2 computes them, and
 left-padded SDPA rows), and each pair of the four log-prob sets (vLLM's own and those three) is
 compared, mean |difference| per response token.
 SmolLM2-135M-Instruct comes from smollm2.py (its PyPI wheel, dequantised to float32).
 
-A third row is the same vLLM engine asked for every sample's rollout log-probs (`--logp_every 1`,
+A third row is the same vLLM engine asked for every sample's rollout log-probs (logp_every 1,
 what `--tis_cap` gets): what train.py's default of one in 8 saves.
 
 Each round plays one full batch of treasure episodes per engine, interleaved (hf, vllm, hf, ...) so
@@ -34,7 +34,7 @@ import torch
 from envs import GroupedEnvs
 from memory import make_memory
 from prompts import prompt_module
-from engine import HFEngine, VLLMEngine
+from engine import LOGP_EVERY, HFEngine, VLLMEngine
 from rollout import rollout
 from smollm2 import load as smollm2
 from train import Config
@@ -44,7 +44,7 @@ def bench(name, model, tok, n_groups, group_size, max_tokens, rounds, kv_cache_m
     """One row per engine: the mean over `rounds` of one full rollout each. vllm_kw: VLLMEngine's."""
     t0 = time.perf_counter()
     vllm = VLLMEngine(model, tok.eos_token_id, kv_cache_mb, gpu_memory_utilization=0.3,
-                      logp_every=Config.logp_every, **vllm_kw)   # as train.py builds it
+                      logp_every=LOGP_EVERY, **vllm_kw)   # as train.py builds it
     print(f"{name}: vLLM engine started in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
     all_lp = copy.copy(vllm)   # the same vLLM instance, asking for every sample's log-probs (as --tis_cap does)
     all_lp.logp_every = 1

@@ -90,7 +90,7 @@ def run(args, rank, world, device, log):
     log(f"model {args.shape}: {n_params / 1e9:.2f}B parameters, world {world}, device {device}, attention {attn}, "
         f"compile {args.compile}")
     cfg = train.Config(micro_batch_tokens=args.micro_batch_tokens, mini_batch=args.samples, grad_ckpt=args.grad_ckpt,
-                       lr=1e-6, dual_clip=3.0)
+                       lr=1e-6)
     model = fsdp.shard(model, device, cfg.grad_ckpt,
                        reshard_after_forward=None if args.reshard_after_forward < 0 else bool(args.reshard_after_forward),
                        compile_layers=bool(args.compile))

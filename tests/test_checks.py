@@ -27,7 +27,7 @@ def test_bad_env_args_of_every_built_in_game_are_one_line(env, env_args, tmp_pat
     assert msg.startswith(f"error: --env_args {env_args!r}: {env}: "), msg
 
 
-@pytest.mark.parametrize("flag", ["omega", "penalty", "entropy_coef", "time_limit"])
+@pytest.mark.parametrize("flag", ["kl_coef", "entropy_coef", "time_limit"])
 def test_negative_weights_and_time_limit_are_refused(flag, tmp_path):
     assert f"--{flag} -0.5 must be >= 0" in stop_line([f"--{flag}", "-0.5"], tmp_path)
 

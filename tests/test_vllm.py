@@ -160,27 +160,37 @@ def run_train(*flags, auto_hf_below=None):
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 
-def test_bad_input_is_one_line_never_a_hang():
+def tiny_dir(path, **shape):
+    """A tiny model of another shape (tiny.build_tiny), saved as an HF folder for --model."""
+    model, tok = build_tiny("treasure", **shape)
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return str(path)
+
+
+def test_bad_input_is_one_line_never_a_hang(tmp_path):
     """auto gives the tiny model on CPU the transformers engine, without trying vLLM; where auto does
     try vLLM, a head size its CPU attention rejects (64 / 4 = 16) falls back to transformers with a
     warning that says why; a KV cache too small for one full-length sequence: --engine vllm stops
     with one line naming the flag."""
-    r = run_train("--tiny_heads", "4")
+    heads4 = tiny_dir(tmp_path / "heads4", heads=4)
+    r = run_train("--model", heads4)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "engine transformers" in r.stdout and "warning" not in r.stdout
-    r = run_train("--tiny_heads", "4", auto_hf_below=0)
+    r = run_train("--model", heads4, auto_hf_below=0)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "warning: --engine auto:" in r.stdout and "head_dim=16" in r.stdout
-    r = run_train("--engine", "vllm", "--kv_cache_mb", "1", "--tiny_hidden", "128")
+    wide = tiny_dir(tmp_path / "wide", hidden=128)
+    r = run_train("--engine", "vllm", "--kv_cache_mb", "1", "--model", wide)
     assert r.returncode != 0
     last = r.stderr.strip().splitlines()[-1]
     assert last.startswith("error: --engine vllm: KV cache too small") and "--kv_cache_mb" in last
 
 
 def test_train_with_vllm_logp_every_and_tis(tmp_path):
-    """train.py on the vLLM engine: logp_gap from one sample in --logp_every (the default 8 here), and
-    --tis_cap, which weighs every token by its rollout log-prob, gets them for every sample."""
-    for flags in ([], ["--tis_cap", "2", "--logp_every", "4"]):
+    """train.py on the vLLM engine: logp_gap from one sample in engine.LOGP_EVERY (8), and --tis_cap,
+    which weighs every token by its rollout log-prob, gets them for every sample."""
+    for flags in ([], ["--tis_cap", "2"]):
         r = run_train("--engine", "vllm", "--out_dir", str(tmp_path / str(len(flags))), *flags)
         assert r.returncode == 0, r.stderr[-2000:]
         m = json.loads((tmp_path / str(len(flags)) / "metrics.jsonl").read_text().splitlines()[-1])
