@@ -151,27 +151,20 @@ def main(argv=None):
     torch.manual_seed(cfg.seed + rank)
     random.seed(cfg.seed + rank)
     prompt = prompt_module(cfg.env, chat=not is_tiny(cfg.model), variant=cfg.prompt)   # a pretrained model: instructions
-    local_groups = cfg.n_groups // world                  # this rank's groups: rank * local_groups + j
     # the held-out seeds' envs (named eval sets, e.g. ALFWorld's splits, make their own in evaluate)
     env_args = parse_env_args(cfg.env, cfg.env_args)
     eval_envs = GroupedEnvs(cfg.env, cfg.eval_episodes, 1, workers=cfg.env_workers, **env_args) \
         if rank == 0 and "held-out" in eval_plan(cfg) else None
     if cfg.eval_only:
         return evaluate_only(cfg, rank, device, eval_envs, prompt)
-    envs = GroupedEnvs(cfg.env, local_groups, cfg.group_size, workers=cfg.env_workers, **env_args)
-    print0(f"config: {json.dumps(dataclasses.asdict(cfg))}")
-    print0(batch_arithmetic(cfg, world, envs))
+    envs = GroupedEnvs(cfg.env, cfg.n_groups // world, cfg.group_size, workers=cfg.env_workers, **env_args)
+    print0(f"config: {json.dumps(dataclasses.asdict(cfg))}\n{batch_arithmetic(cfg, world, envs)}")
     model, tok, ref, engine, gen_model, packed = build_policy(cfg, device, world, print0)
     opt, sched = make_optimizer(cfg, model, device)
     critic = Critic(model.config.hidden_size, device, lambda head: make_optimizer(cfg, head, device)) \
         if cfg.algo == "ppo" else None            # --algo ppo: a value head, outside the sharded model (ppo.py)
     extra = {"critic": critic} if critic else None   # saved and resumed with the checkpoint
-    start = load_checkpoint(checkpoint_path(cfg.out_dir), model, opt, sched, rank, meta, extra) if meta else 0
-    if start:
-        engine.push_weights(full_parameters(model))
-        print0(f"resumed from {checkpoint_path(cfg.out_dir)} at iteration {start}")
-        if meta["config"]["iterations"] != cfg.iterations and cfg.lr_min != 1 and start < cfg.iterations:
-            print0(stretch_note(cfg, meta["config"]["iterations"], start))
+    start = resume(cfg, meta, model, opt, sched, rank, extra, engine, print0) if meta else 0
     baseline = random_policy_success(cfg, eval_envs) if rank == 0 else None
     print0(f"random policy on the eval episodes ({eval_what(cfg).split(',')[0]}): success "
            f"{baseline and success_text(baseline)}")
@@ -187,15 +180,7 @@ def main(argv=None):
     for it in bar:
         timer = records.Timer()
         # 1. collect: this rank's groups, each from its own seed; every env step is a sample
-        memories = [make_memory(cfg.memory, cfg.memory_k or None) for _ in range(envs.n)]
-        seeds = [train_seed(cfg.seed, it, g, cfg.n_groups)
-                 for g in range(rank * local_groups, (rank + 1) * local_groups)]
-        samples, episodes, timing = rollout(envs, engine, tok, prompt, memories, seeds, cfg.temperature,
-                                            TOP_P, cfg.max_response_tokens, overlap=cfg.overlap)
-        samples, episodes, n_dead = drop_dead_workers(samples, episodes)
-        if all_reduce(len(episodes)) == 0:   # every worker died at once: a full disk, an env that cannot start
-            sys.exit(f"error: iteration {it}: every episode was cut short by a dead env worker (the workers' "
-                     f"errors are above); out/ keeps iteration {saved}'s checkpoint (--resume 1 once fixed)")
+        samples, episodes, n_dead, timing = collect(cfg, envs, engine, tok, prompt, it, rank, saved)
         # 2. advantages (--algo ppo: GAE on the critic's values), a few whole groups recorded with GiGPO's
         #    view of each step; the update trains on all but DAPO's tied groups, tokens balanced over ranks
         lp = dict(cfg=cfg, device=device, pad_id=tok.pad_token_id, packed=packed)
@@ -208,14 +193,8 @@ def main(argv=None):
         # 3. update: old (and reference) log-probs by the training model, then the clipped step
         with timer("sync"):
             engine.sleep()                              # vLLM on GPU: its memory goes to the update
-        with timer("update", device), timer("logprobs", device):   # time_logprobs: part of time_update
-            old, ref_lp = logprobs(model, trained, **lp), None
-            if cfg.kl_coef > 0:   # the frozen copy, or with LoRA the model itself with its adapters off
-                with model.disable_adapter() if cfg.lora_rank else contextlib.nullcontext():
-                    ref_lp = logprobs(model if ref is None else ref, trained, **lp)
-        with timer("update", device):
-            upd = update(model, opt, sched, trained, old=old, ref=ref_lp, adv=adv, critic=critic, targets=targets, **lp)
-            stop_if_not_finite(model, critic, upd, it, cfg, saved)
+        old, upd = update_policy(cfg, model, ref, opt, sched, critic, trained, adv, targets, lp, timer)
+        stop_if_not_finite(model, critic, upd, it, cfg, saved)
         if rank == 0 and cfg.log_groups:   # written once the update is known finite, like everything else
             episode_log.write(shown)
         # 4. push weights into the engine (and reset its prefix cache)
@@ -232,19 +211,8 @@ def main(argv=None):
             if wandb and shown:
                 wandb.log({"episodes": records.wandb_table(wandb, shown)}, step=it)
         # 6. log: the metrics line first, then the checkpoint (ckpt/ and model/ never lead the log)
-        dt = timer.since_start()
-        summed = records.training_metrics(samples, trained, episodes, n_dead, adv, old)   # all ranks
-        tokens = all_reduce(sum(len(s.prompt_ids) + len(s.response_ids) for s in trained))
-        m = records.metrics_line(cfg, {   # the default keys, or all of them (--metrics all)
-            "iteration": it, **summed, "tokens": int(tokens), "lr": sched.get_last_lr()[0],
-            **adv_stats, **upd,
-            "time_gen": timing["gen"], "time_env": timing["env"], "time_rollout_other": timing["other"],
-            "time_update": timer["update"], "time_logprobs": timer["logprobs"], "time_sync": timer["sync"],
-            "time_iteration": dt, "samples_per_s": summed["samples"] / dt,
-            "update_tokens_per_s": tokens / timer["update"],
-            "eval_success": eval_success,   # named sets (ALFWorld): also eval_success/<set>[/<task type>]
-            **{f"eval_success/{k}": v for k, v in eval_rates.items() if k != "held-out"},
-            "wall": time.perf_counter() - t_run})
+        m = metrics(cfg, it, samples, trained, episodes, n_dead, adv, old, sched, {**adv_stats, **upd}, timing,
+                    timer, eval_success, eval_rates, time.perf_counter() - t_run)
         if rank == 0:
             records.append_lines(log, json.dumps(m) + "\n")
         if checkpoint:
@@ -270,6 +238,63 @@ def main(argv=None):
 
 
 # ---- the helpers of main's set-up and sections, in the order main calls them ----
+def resume(cfg, meta, model, opt, sched, rank, extra, engine, print0):
+    """--resume 1: the checkpoint's weights, optimizer and RNG in, its weights pushed to the engine ->
+    the iteration it holds. A changed --iterations stretches the cosine (one line says by how much)."""
+    start = load_checkpoint(checkpoint_path(cfg.out_dir), model, opt, sched, rank, meta, extra)
+    if start:
+        engine.push_weights(full_parameters(model))
+        print0(f"resumed from {checkpoint_path(cfg.out_dir)} at iteration {start}")
+        if meta["config"]["iterations"] != cfg.iterations and cfg.lr_min != 1 and start < cfg.iterations:
+            print0(stretch_note(cfg, meta["config"]["iterations"], start))
+    return start
+
+
+def collect(cfg, envs, engine, tok, prompt, it, rank, saved):
+    """Section 1: this rank's groups play one batch, each group from its own seed -> (samples,
+    episodes, episodes a dead env worker cut short, rollout timings). Every episode cut short (a full
+    disk, an env that cannot start) stops the run in one line."""
+    local = envs.n_groups   # this rank's groups: rank * local + j
+    memories = [make_memory(cfg.memory, cfg.memory_k or None) for _ in range(envs.n)]
+    seeds = [train_seed(cfg.seed, it, g, cfg.n_groups) for g in range(rank * local, (rank + 1) * local)]
+    samples, episodes, timing = rollout(envs, engine, tok, prompt, memories, seeds, cfg.temperature, TOP_P,
+                                        cfg.max_response_tokens, overlap=cfg.overlap)
+    samples, episodes, n_dead = drop_dead_workers(samples, episodes)
+    if all_reduce(len(episodes)) == 0:
+        sys.exit(f"error: iteration {it}: every episode was cut short by a dead env worker (the workers' "
+                 f"errors are above); out/ keeps iteration {saved}'s checkpoint (--resume 1 once fixed)")
+    return samples, episodes, n_dead, timing
+
+
+def update_policy(cfg, model, ref, opt, sched, critic, trained, adv, targets, lp, timer):
+    """Section 3: old (and KL reference) log-probs by the training model, then the clipped step ->
+    (old log-probs, the update's metrics)."""
+    device = lp["device"]
+    with timer("update", device), timer("logprobs", device):   # time_logprobs: part of time_update
+        old, ref_lp = logprobs(model, trained, **lp), None
+        if cfg.kl_coef > 0:   # the frozen copy, or with LoRA the model itself with its adapters off
+            with model.disable_adapter() if cfg.lora_rank else contextlib.nullcontext():
+                ref_lp = logprobs(model if ref is None else ref, trained, **lp)
+    with timer("update", device):
+        upd = update(model, opt, sched, trained, old=old, ref=ref_lp, adv=adv, critic=critic, targets=targets, **lp)
+    return old, upd
+
+
+def metrics(cfg, it, samples, trained, episodes, n_dead, adv, old, sched, stats, timing, timer, eval_success,
+            eval_rates, wall):
+    """Section 6: the metrics line (README, "Metrics"): the default keys, or all (--metrics all)."""
+    dt = timer.since_start()
+    summed = records.training_metrics(samples, trained, episodes, n_dead, adv, old)   # all ranks
+    tokens = all_reduce(sum(len(s.prompt_ids) + len(s.response_ids) for s in trained))
+    return records.metrics_line(cfg, {
+        "iteration": it, **summed, "tokens": int(tokens), "lr": sched.get_last_lr()[0], **stats,
+        "time_gen": timing["gen"], "time_env": timing["env"], "time_rollout_other": timing["other"],
+        "time_update": timer["update"], "time_logprobs": timer["logprobs"], "time_sync": timer["sync"],
+        "time_iteration": dt, "samples_per_s": summed["samples"] / dt, "update_tokens_per_s": tokens / timer["update"],
+        "eval_success": eval_success,   # named sets (ALFWorld): also eval_success/<set>[/<task type>]
+        **{f"eval_success/{k}": v for k, v in eval_rates.items() if k != "held-out"}, "wall": wall})
+
+
 def evaluate_only(cfg, rank, device, eval_envs, prompt):
     """--eval_only: load --model, evaluate it as a run would (rank 0), print the result -> the headline."""
     model, tok = load_model(cfg, device)
