@@ -19,7 +19,7 @@ import train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ARGS = ["--n_groups", "2", "--group_size", "2", "--eval_episodes", "2", "--engine", "hf", "--eval_every", "1",
-        "--mini_batch", "8", "--threads", "1"]
+        "--mini_batch", "8", "--threads", "1", "--metrics", "all"]   # all: the lr test reads "lr"
 
 
 @pytest.fixture(scope="module")
