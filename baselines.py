@@ -7,6 +7,7 @@ normalisation (Hu 2025, arXiv 2501.03262), and DAPO's batch shaping (Yu et al. 2
 step sample, each trajectory's samples in time order (trajectories may interleave), as in gigpo.py.
 Computed in float64. This file imports nothing of the project: gigpo.py imports it.
 """
+
 from collections import defaultdict
 
 import numpy as np
@@ -28,7 +29,7 @@ def rloo_advantage(scores, group_ids, traj_ids, stats="step"):
         raise ValueError(f"stats must be one of ('step', 'traj'), got {stats!r}")
     x = _f64(scores)
     keys = list(range(len(x))) if stats == "step" else list(zip(group_ids, traj_ids))
-    value, home = {}, {}   # a member's value (its largest sample score) and its group
+    value, home = {}, {}  # a member's value (its largest sample score) and its group
     for k, g, xi in zip(keys, group_ids, x):
         value[k], home[k] = max(value.get(k, xi), xi), g
     members = defaultdict(list)
@@ -55,8 +56,9 @@ def gae_advantage(rewards, values, traj_ids, gamma, lam):
     """
     r, v = _f64(rewards), _f64(values)
     if len(v) != len(r) or len(traj_ids) != len(r):
-        raise ValueError(f"rewards, values and traj_ids must have one length, got {len(r)}, {len(v)}, "
-                         f"{len(traj_ids)}")
+        raise ValueError(
+            f"rewards, values and traj_ids must have one length, got {len(r)}, {len(v)}, {len(traj_ids)}"
+        )
     out = np.zeros_like(r)
     after = {}  # traj -> (V, A) of the step after the current one
     for i in range(len(r) - 1, -1, -1):

@@ -10,6 +10,7 @@ HF export, and what --resume 1 reads back (the checkpoint, and the metrics log u
 - A save writes everything under temp names, then swaps them in, so a kill or a full disk at any
   moment leaves the last complete checkpoint; a full disk stops the run in one line that says so.
 """
+
 import contextlib
 import dataclasses
 import errno
@@ -24,8 +25,8 @@ import warnings
 import numpy as np
 import torch
 
-from envs import ENVS, env_class, parse_env_args
 from checks import fail, first_line
+from envs import ENVS, env_class, parse_env_args
 from fsdp import _local, all_reduce, barrier, full_parameters
 from records import write_whole
 
@@ -37,11 +38,30 @@ warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavai
 # compile: how the same distribution is sampled and computed; log_groups, metrics: what is logged; overlap:
 # when env steps run; logp_every, log_mb, peak_tflops: flags of older runs' configs); env_args: compared as
 # the env's arguments (env_kwargs), so spelling out a default changes nothing
-RESUME_FREE = {"resume", "iterations", "eval_every", "time_limit", "threads", "env_workers", "wandb",
-               "device", "out_dir", "logp_every", "engine", "kv_cache_mb", "gpu_memory_utilization", "compile",
-               "log_groups", "log_mb", "peak_tflops", "env_args", "metrics", "overlap"}
-RUN_FILES = ("ckpt", "ckpt.old", "model", "metrics.jsonl")   # what makes an out_dir hold a run
-_LOCKS = {}   # out_dir (real path) -> its locked .lock file, open until the process ends
+RESUME_FREE = {
+    "resume",
+    "iterations",
+    "eval_every",
+    "time_limit",
+    "threads",
+    "env_workers",
+    "wandb",
+    "device",
+    "out_dir",
+    "logp_every",
+    "engine",
+    "kv_cache_mb",
+    "gpu_memory_utilization",
+    "compile",
+    "log_groups",
+    "log_mb",
+    "peak_tflops",
+    "env_args",
+    "metrics",
+    "overlap",
+}
+RUN_FILES = ("ckpt", "ckpt.old", "model", "metrics.jsonl")  # what makes an out_dir hold a run
+_LOCKS = {}  # out_dir (real path) -> its locked .lock file, open until the process ends
 
 
 def claim_out_dir(cfg):
@@ -51,14 +71,23 @@ def claim_out_dir(cfg):
         lock(cfg.out_dir)
     if cfg.resume:
         return check_resume(cfg)
-    held = [f for f in RUN_FILES if os.path.exists(os.path.join(cfg.out_dir, f))
-            and (f != "metrics.jsonl" or os.path.getsize(os.path.join(cfg.out_dir, f)))]
+    held = [
+        f
+        for f in RUN_FILES
+        if os.path.exists(os.path.join(cfg.out_dir, f))
+        and (f != "metrics.jsonl" or os.path.getsize(os.path.join(cfg.out_dir, f)))
+    ]
     if held:
         ck = saved(cfg.out_dir)
         what = ", ".join(held) + (f"; {ck[0]} at iteration {ck[1]}" if ck else "")
-        fail(f"--out_dir {cfg.out_dir} holds a run ({what}); " + (
-             "give --eval_only a new --out_dir (its eval.json would replace the run's)" if cfg.eval_only else
-             f"--resume 1 continues it; a new run needs a new --out_dir (or delete {cfg.out_dir} first)"))
+        fail(
+            f"--out_dir {cfg.out_dir} holds a run ({what}); "
+            + (
+                "give --eval_only a new --out_dir (its eval.json would replace the run's)"
+                if cfg.eval_only
+                else f"--resume 1 continues it; a new run needs a new --out_dir (or delete {cfg.out_dir} first)"
+            )
+        )
     return None
 
 
@@ -68,13 +97,14 @@ def lock(out_dir):
     lock with the process, so a stale file blocks nothing; in one process (tests that simulate a
     kill, then resume) the lock is taken once."""
     import fcntl
+
     key = os.path.realpath(out_dir)
     if key in _LOCKS:
         return
     try:
         os.makedirs(out_dir, exist_ok=True)
         f = open(os.path.join(out_dir, ".lock"), "a+")
-    except OSError as e:   # --eval_only: check_config does not try out_dir
+    except OSError as e:  # --eval_only: check_config does not try out_dir
         fail(f"--out_dir {out_dir}: cannot write there ({e.strerror or first_line(e)})")
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -82,9 +112,11 @@ def lock(out_dir):
         f.seek(0)
         holder = f.read().strip() or "another process"
         f.close()
-        fail(f"--out_dir {out_dir} is in use by another run ({holder}); wait for it to end or use another "
-             f"--out_dir")
-    except OSError as e:   # a file system without locks: run unguarded, and say so
+        fail(
+            f"--out_dir {out_dir} is in use by another run ({holder}); wait for it to end or use another "
+            f"--out_dir"
+        )
+    except OSError as e:  # a file system without locks: run unguarded, and say so
         print(f"note: cannot lock {out_dir}/.lock ({e.strerror}): nothing stops a second run writing there")
     f.seek(0)
     f.truncate()
@@ -127,8 +159,11 @@ def saved(out_dir):
 def kept_text(out_dir):
     """What a run that stops now leaves to resume from, for its last line."""
     ck = saved(out_dir)
-    return f"{ck[0]} keeps iteration {ck[1]}; --resume 1 goes on from it" if ck else \
-        f"{out_dir} holds no checkpoint yet"
+    return (
+        f"{ck[0]} keeps iteration {ck[1]}; --resume 1 goes on from it"
+        if ck
+        else f"{out_dir} holds no checkpoint yet"
+    )
 
 
 def interrupted(out_dir):
@@ -151,23 +186,30 @@ def save(out_dir, it, model, tok, opt, sched, rank, config, gen_model=None, extr
         shutil.rmtree(tmp)
     barrier()
     from torch.distributed.checkpoint.api import CheckpointException
+
     error = None
     try:
         _write(tmp, tmp_hf, it, model, tok, opt, sched, rank, config, gen_model, extra, metrics_line)
-    except (Exception, CheckpointException) as e:   # CheckpointException: a BaseException
-        if _caused(e, lambda x: isinstance(x, KeyboardInterrupt)):   # Ctrl-C inside dcp: wrapped as a failure
+    except (Exception, CheckpointException) as e:  # CheckpointException: a BaseException
+        if _caused(e, lambda x: isinstance(x, KeyboardInterrupt)):  # Ctrl-C inside dcp: wrapped as a failure
             raise KeyboardInterrupt from e
         error = e
     if all_reduce(int(error is not None), "max"):
         if rank == 0:
-            free = shutil.disk_usage(out_dir).free   # before the temp copies go
+            free = shutil.disk_usage(out_dir).free  # before the temp copies go
             for d in (tmp, tmp_hf):
                 shutil.rmtree(d, ignore_errors=True)
-            why = ("failed on another rank" if error is None else "no space left on device"
-                   if _caused(error, _no_space) or free < 1 << 20 else
-                   f"{type(error).__name__}: {first_line(error)}")
-            fail(f"iteration {it}: the checkpoint was not saved ({why}; {free >> 20} MiB free on {out_dir}'s "
-                 f"disk); {kept_text(out_dir)}")
+            why = (
+                "failed on another rank"
+                if error is None
+                else "no space left on device"
+                if _caused(error, _no_space) or free < 1 << 20
+                else f"{type(error).__name__}: {first_line(error)}"
+            )
+            fail(
+                f"iteration {it}: the checkpoint was not saved ({why}; {free >> 20} MiB free on {out_dir}'s "
+                f"disk); {kept_text(out_dir)}"
+            )
         fail("the checkpoint was not saved")
     if rank == 0:
         _swap_in(tmp_hf, os.path.join(out_dir, "model"))
@@ -180,23 +222,34 @@ def _write(tmp, tmp_hf, it, model, tok, opt, sched, rank, config, gen_model, ext
     when one fails; the full-weight gather writes nothing), then each rank's own files, so a rank
     that fails never leaves the others waiting in a collective."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict, StateDictOptions
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_state_dict
+
     msd, osd = get_state_dict(model, opt)
     dcp.save({"model": msd, "optim": osd}, checkpoint_id=tmp)
-    if hasattr(model, "get_base_model"):   # LoRA: the export holds the merged weights, HF names
+    if hasattr(model, "get_base_model"):  # LoRA: the export holds the merged weights, HF names
         full = {name: w.cpu() for name, w in full_parameters(model)}
         gen_model = gen_model or model.get_base_model()
     else:
         full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    torch.save({"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()},
-               os.path.join(tmp, f"rng{rank}.pt"))
+    torch.save(
+        {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()},
+        os.path.join(tmp, f"rng{rank}.pt"),
+    )
     if rank == 0:
         if extra:
             torch.save({k: v.state_dict() for k, v in extra.items()}, os.path.join(tmp, "extra.pt"))
         with open(os.path.join(tmp, "meta.json"), "w") as f:
-            json.dump({"iteration": it, "config": config, "sched": sched.state_dict(),
-                       "metrics_line": metrics_line}, f)
+            json.dump(
+                {
+                    "iteration": it,
+                    "config": config,
+                    "sched": sched.state_dict(),
+                    "metrics_line": metrics_line,
+                },
+                f,
+            )
         from transformers.utils import logging as hf_logging
+
         hf_logging.disable_progress_bar()
         (gen_model or model).save_pretrained(tmp_hf, state_dict=full)
         tok.save_pretrained(tmp_hf)
@@ -212,8 +265,10 @@ def _caused(e, test):
     seen = set()
     while e is not None and id(e) not in seen:
         seen.add(id(e))
-        if test(e) or any(_caused(f[0] if isinstance(f, tuple) else f, test)
-                          for f in (getattr(e, "failures", None) or {}).values()):
+        if test(e) or any(
+            _caused(f[0] if isinstance(f, tuple) else f, test)
+            for f in (getattr(e, "failures", None) or {}).values()
+        ):
             return True
         e = e.__cause__ or e.__context__
     return False
@@ -223,9 +278,13 @@ def env_kwargs(env, text):
     """The arguments the env is built with under --env_args text: its constructor's defaults, the
     registry's, then text's (so "size=5" and "" are the same treasure hunt)."""
     import inspect
+
     params = inspect.signature(env_class(env)).parameters
-    return {**{k: p.default for k, p in params.items() if p.default is not p.empty}, **ENVS[env][2],
-            **parse_env_args(env, text)}
+    return {
+        **{k: p.default for k, p in params.items() if p.default is not p.empty},
+        **ENVS[env][2],
+        **parse_env_args(env, text),
+    }
 
 
 def check_resume(cfg):
@@ -236,14 +295,20 @@ def check_resume(cfg):
         fail(f"--resume but {path} does not exist; drop --resume or point --out_dir at a run")
     try:
         meta = json.load(open(path))
-        if not isinstance(meta.get("iteration"), int) or not isinstance(meta.get("config"), dict) \
-                or not isinstance(meta.get("sched"), dict):
+        if (
+            not isinstance(meta.get("iteration"), int)
+            or not isinstance(meta.get("config"), dict)
+            or not isinstance(meta.get("sched"), dict)
+        ):
             raise ValueError("no iteration, config or sched")
-    except (ValueError, OSError, AttributeError) as e:   # a half-written or hand-edited file
+    except (ValueError, OSError, AttributeError) as e:  # a half-written or hand-edited file
         fail(f"--resume: {path} is unreadable or incomplete ({first_line(e)}); the checkpoint is corrupt")
     old = meta["config"]
-    diff = [f"--{k} {old.get(k)!r} -> {v!r}" for k, v in dataclasses.asdict(cfg).items()
-            if k not in RESUME_FREE and old.get(k) != v]
+    diff = [
+        f"--{k} {old.get(k)!r} -> {v!r}"
+        for k, v in dataclasses.asdict(cfg).items()
+        if k not in RESUME_FREE and old.get(k) != v
+    ]
     if not diff and old.get("env_args") != cfg.env_args:
         try:
             same_env = env_kwargs(cfg.env, old.get("env_args") or "") == env_kwargs(cfg.env, cfg.env_args)
@@ -252,8 +317,10 @@ def check_resume(cfg):
         if not same_env:
             diff = [f"--env_args {old.get('env_args')!r} -> {cfg.env_args!r}"]
     if diff:
-        fail(f"--resume: {cfg.out_dir} was trained with another config ({'; '.join(diff)}); "
-             f"use the same flags or another --out_dir")
+        fail(
+            f"--resume: {cfg.out_dir} was trained with another config ({'; '.join(diff)}); "
+            f"use the same flags or another --out_dir"
+        )
     return meta
 
 
@@ -277,6 +344,7 @@ def load_checkpoint(path, model, opt, sched, rank, meta, extra=None):
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
     try:
         msd, osd = get_state_dict(model, opt)
         state = {"model": msd, "optim": osd}
@@ -293,20 +361,31 @@ def load_checkpoint(path, model, opt, sched, rank, meta, extra=None):
             torch.set_rng_state(rng["torch"])
             random.setstate(rng["python"])
             np.random.set_state(rng["numpy"])
-    except (Exception, CheckpointException) as e:   # damage shows as many types (CheckpointException: a
-        e = next(iter(e.failures.values()))[0] if isinstance(e, CheckpointException) else e   # BaseException)
-        fail(f"--resume: {path} does not load ({type(e).__name__}: {first_line(e)}); the checkpoint is "
-             f"corrupt")
+    except (Exception, CheckpointException) as e:  # damage shows as many types (CheckpointException: a
+        e = next(iter(e.failures.values()))[0] if isinstance(e, CheckpointException) else e  # BaseException)
+        fail(
+            f"--resume: {path} does not load ({type(e).__name__}: {first_line(e)}); the checkpoint is corrupt"
+        )
     names = {id(p): n for n, p in model.named_parameters()}
-    named = [*model.state_dict().items(),
-             *((f"optimizer {k} of {names.get(id(p), '?')}", v)
-               for p, st in opt.state.items() for k, v in st.items()),
-             *_tensors(extra_state, "extra.pt")]
-    bad = [n for n, t in named
-           if torch.is_tensor(t) and t.is_floating_point() and not torch.isfinite(_local(t)).all()]
+    named = [
+        *model.state_dict().items(),
+        *(
+            (f"optimizer {k} of {names.get(id(p), '?')}", v)
+            for p, st in opt.state.items()
+            for k, v in st.items()
+        ),
+        *_tensors(extra_state, "extra.pt"),
+    ]
+    bad = [
+        n
+        for n, t in named
+        if torch.is_tensor(t) and t.is_floating_point() and not torch.isfinite(_local(t)).all()
+    ]
     if all_reduce(len(bad), "max"):
-        fail(f"--resume: {path} holds non-finite values ({', '.join(bad[:3]) or 'on another rank'}); "
-             f"the checkpoint is corrupt")
+        fail(
+            f"--resume: {path} holds non-finite values ({', '.join(bad[:3]) or 'on another rank'}); "
+            f"the checkpoint is corrupt"
+        )
     return meta["iteration"]
 
 
@@ -315,7 +394,7 @@ def _tensors(tree, name):
     if torch.is_tensor(tree):
         yield name, tree
     elif isinstance(tree, (dict, list, tuple)):
-        for k, v in (tree.items() if isinstance(tree, dict) else enumerate(tree)):
+        for k, v in tree.items() if isinstance(tree, dict) else enumerate(tree):
             yield from _tensors(v, f"{name} {k}")
 
 
@@ -333,8 +412,9 @@ def kept_log(path, upto, last_line=None):
         except (ValueError, KeyError, TypeError):
             if k == len(lines) - 1:
                 break
-            fail(f"--resume: line {k + 1} of {path} is not a metrics line; remove it or use another "
-                 f"--out_dir")
+            fail(
+                f"--resume: line {k + 1} of {path} is not a metrics line; remove it or use another --out_dir"
+            )
         if it <= upto:
             kept.append(line if line.endswith("\n") else line + "\n")
             last = it

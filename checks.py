@@ -6,6 +6,7 @@ metrics.jsonl is touched. The tests feed it bad flags (tests/test_checks.py, tes
 each env's tests). `fail` and `first_line` make that one line, here and wherever else a run stops
 on bad input (a corrupt checkpoint, a model that does not load).
 """
+
 import dataclasses
 import math
 import os
@@ -15,10 +16,10 @@ import tempfile
 import torch
 
 import gigpo
+from engine import ENGINES
 from envs import ENVS, env_module, make_env, parse_env_args
 from memory import MEMORIES
 from prompts import prompt_module
-from engine import ENGINES
 
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -36,15 +37,24 @@ def first_line(e):
 def check_config(cfg):
     """Bad input -> one line that names the flag, before any heavy work (and before metrics.jsonl
     is touched): a value that would only fail later would do so after minutes, mid-run."""
-    import ppo   # here, not at the top: ppo -> fsdp -> checks (fail)
+    import ppo  # here, not at the top: ppo -> fsdp -> checks (fail)
+
     bad = fail
-    for f in dataclasses.fields(cfg):   # nan / inf in any float flag ends as NaN weights
+    for f in dataclasses.fields(cfg):  # nan / inf in any float flag ends as NaN weights
         value = getattr(cfg, f.name)
         if isinstance(value, float) and not math.isfinite(value):
             bad(f"--{f.name} {value}: must be a finite number")
-    for flag, names in (("env", ENVS), ("memory", MEMORIES), ("algo", gigpo.ALGOS), ("norm", gigpo.NORMS),
-                        ("loss", ppo.LOSSES), ("engine", ENGINES), ("device", DEVICES),
-                        ("compile", ("auto", "1", "0")), ("metrics", ("default", "all"))):
+    for flag, names in (
+        ("env", ENVS),
+        ("memory", MEMORIES),
+        ("algo", gigpo.ALGOS),
+        ("norm", gigpo.NORMS),
+        ("loss", ppo.LOSSES),
+        ("engine", ENGINES),
+        ("device", DEVICES),
+        ("compile", ("auto", "1", "0")),
+        ("metrics", ("default", "all")),
+    ):
         if getattr(cfg, flag) not in names:
             bad(f"unknown {flag} {getattr(cfg, flag)!r}: use --{flag} with one of {', '.join(names)}")
     try:
@@ -58,15 +68,19 @@ def check_config(cfg):
         # build one in eval_plan below
         if env_args and not hasattr(env_module(cfg.env), "eval_sets"):
             make_env(cfg.env, **env_args).reset(seed=0)
-    except ModuleNotFoundError as e:   # the env's own package (alfworld) is not installed
+    except ModuleNotFoundError as e:  # the env's own package (alfworld) is not installed
         bad(f"--env {cfg.env} needs the package {e.name!r}: pip install -r requirements.txt")
     except (ValueError, TypeError) as e:
         bad(str(e) if str(e).startswith("--env_args") else f"--env_args {cfg.env_args!r}: {e}")
     if cfg.group_size < 2 and (cfg.algo not in gigpo.BATCH_ALGOS or cfg.dynamic_sampling):
-        bad(f"--group_size {cfg.group_size}: {'--dynamic_sampling 1' if cfg.dynamic_sampling else cfg.algo} "
-            f"compares the envs of a group, use >= 2")
+        bad(
+            f"--group_size {cfg.group_size}: {'--dynamic_sampling 1' if cfg.dynamic_sampling else cfg.algo} "
+            f"compares the envs of a group, use >= 2"
+        )
     if not cfg.tied_step and cfg.algo != "gigpo":
-        bad(f"--tied_step 0 removes part of GiGPO's step advantage; --algo {cfg.algo} has none: use --algo gigpo")
+        bad(
+            f"--tied_step 0 removes part of GiGPO's step advantage; --algo {cfg.algo} has none: use --algo gigpo"
+        )
     if cfg.n_groups < 1 or cfg.iterations < 1 or cfg.max_response_tokens < 1:
         bad("--n_groups, --iterations and --max_response_tokens must be >= 1")
     if cfg.mini_batch < 1 or cfg.micro_batch_tokens < 1:
@@ -76,13 +90,24 @@ def check_config(cfg):
     for name in ("eval_every", "eval_episodes", "threads"):
         if getattr(cfg, name) < 1:
             bad(f"--{name} {getattr(cfg, name)} must be >= 1")
-    for name in ("seed", "memory_k", "env_workers", "kl_coef", "weight_decay", "lr_min", "clip_high", "entropy_coef",
-                 "time_limit"):   # a negative weight would reward what it is there to curb
+    for name in (
+        "seed",
+        "memory_k",
+        "env_workers",
+        "kl_coef",
+        "weight_decay",
+        "lr_min",
+        "clip_high",
+        "entropy_coef",
+        "time_limit",
+    ):  # a negative weight would reward what it is there to curb
         if getattr(cfg, name) < 0:
             bad(f"--{name} {getattr(cfg, name)} must be >= 0")
     if not cfg.temperature > 0:
-        bad(f"--temperature {cfg.temperature} must be > 0: rollouts sample at it and the trainer divides "
-            f"the logits by it (greedy is for evaluation: --eval_temperature 0)")
+        bad(
+            f"--temperature {cfg.temperature} must be > 0: rollouts sample at it and the trainer divides "
+            f"the logits by it (greedy is for evaluation: --eval_temperature 0)"
+        )
     if cfg.eval_temperature < 0:
         bad(f"--eval_temperature {cfg.eval_temperature} must be >= 0 (0 = greedy)")
     if not cfg.lr > 0:
@@ -91,6 +116,7 @@ def check_config(cfg):
         bad(f"--clip {cfg.clip} must be > 0")
     if cfg.lora_rank:
         import importlib.util
+
         if importlib.util.find_spec("peft") is None:
             bad("--lora_rank needs the package 'peft': pip install -r requirements.txt")
     if not cfg.tis_cap >= 0 or math.isinf(cfg.tis_cap):
@@ -107,14 +133,15 @@ def check_config(cfg):
         bad("--device cuda but no GPU is visible; use --device cpu")
     if cfg.eval_only and cfg.model == "tiny":
         bad("--eval_only evaluates a saved or hub model: give --model NAME_OR_PATH")
-    from evaluate import eval_plan   # here, not at the top: evaluate -> records -> checks (fail)
+    from evaluate import eval_plan  # here, not at the top: evaluate -> records -> checks (fail)
+
     try:  # also: the env's data is there (ALFWorld lists its games here); --eval_sets names exist
         eval_plan(cfg)
     except FileNotFoundError as e:
         bad(str(e))
-    except ValueError as e:   # an --eval_sets name, or (WebShop, Search: built here) a bad --env_args value
+    except ValueError as e:  # an --eval_sets name, or (WebShop, Search: built here) a bad --env_args value
         bad(str(e) if str(e).startswith("--") else f"--env_args {cfg.env_args!r}: {e}")
-    if not cfg.eval_only:   # out_dir is written from the first iteration on: a folder we can write
+    if not cfg.eval_only:  # out_dir is written from the first iteration on: a folder we can write
         if os.path.exists(cfg.out_dir) and not os.path.isdir(cfg.out_dir):
             bad(f"--out_dir {cfg.out_dir} is a file, not a folder")
         try:
@@ -122,11 +149,12 @@ def check_config(cfg):
             tempfile.TemporaryFile(dir=cfg.out_dir).close()
         except OSError as e:
             bad(f"--out_dir {cfg.out_dir}: cannot write there ({e.strerror or first_line(e)})")
-    if cfg.model != "tiny":   # last: a hub name is looked up (with retries when offline)
+    if cfg.model != "tiny":  # last: a hub name is looked up (with retries when offline)
         if (os.path.isabs(cfg.model) or cfg.model.startswith(".")) and not os.path.isdir(cfg.model):
             bad(f"--model {cfg.model}: no such folder (give a saved model folder or a hub name)")
         from transformers import AutoConfig
+
         try:
             AutoConfig.from_pretrained(cfg.model)
-        except Exception as e:   # transformers and the hub client say "not found" in many types
+        except Exception as e:  # transformers and the hub client say "not found" in many types
             bad(f"--model {cfg.model}: {first_line(e)}")

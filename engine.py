@@ -15,6 +15,7 @@ engine it has:
 Token ids in, token ids out; temperature 0 means greedy; a response keeps its EOS (it is trained
 too); logprobs is None where the engine was not asked for them (VLLMEngine's logp_every).
 """
+
 import contextlib
 import copy
 import os
@@ -26,7 +27,7 @@ import numpy as np
 import torch
 from transformers import GenerationConfig
 
-ENGINES = ("auto", "hf", "vllm")   # --engine
+ENGINES = ("auto", "hf", "vllm")  # --engine
 # auto on CPU: below this many parameters, transformers. Measured on the 2-core machine: for the tiny
 # default (0.13M) vLLM's CPU engine takes 16-40 s to start and spends 2.7x the CPU time per step sample
 # generating, its per-step overhead larger than the model's compute; for SmolLM2-135M vLLM was faster
@@ -50,6 +51,7 @@ class Engine:
     """What every engine has. This base generates whole batches: submit queues a prompt, poll
     generates all that are queued (one batch per sampling setting). A subclass writes generate and
     overrides what it does differently; the rest are no-ops."""
+
     name, max_len, own_model, shares_layers, tears_down_dist = "engine", None, None, False, False
     queue = ()
 
@@ -57,7 +59,7 @@ class Engine:
         raise NotImplementedError
 
     def submit(self, key, prompt, temperature=1.0, top_p=1.0, max_tokens=16):
-        self.queue = self.queue or []   # the class's empty tuple until the first prompt
+        self.queue = self.queue or []  # the class's empty tuple until the first prompt
         self.queue.append((key, prompt, (temperature, top_p, max_tokens)))
 
     def poll(self, wait_all=False):
@@ -88,6 +90,7 @@ class Engine:
 
 class HFEngine(Engine):
     """transformers `generate` on the training model itself (shares its weights: no push needed)."""
+
     name, shares_layers = "transformers", True
 
     def __init__(self, model, tokenizer, copy_dtype=None):
@@ -116,16 +119,23 @@ class HFEngine(Engine):
         ids = torch.full((len(prompts), width), pad, dtype=torch.long)
         mask = torch.zeros_like(ids)
         for b, p in enumerate(prompts):  # left padding: every row's response starts at `width`
-            ids[b, width - len(p):] = torch.tensor(p)
-            mask[b, width - len(p):] = 1
+            ids[b, width - len(p) :] = torch.tensor(p)
+            mask[b, width - len(p) :] = 1
         greedy = temperature == 0
         # sample from the plain logits (at temperature, top_p), which the log-probs below and the
         # trainer score: generate fills every field left unset from model.generation_config (e.g.
         # Qwen2.5-Instruct's repetition_penalty and top_k), so that is swapped for this one meanwhile
-        config = GenerationConfig(do_sample=not greedy, temperature=None if greedy else temperature,
-                                  top_p=None if greedy else top_p, top_k=None if greedy else 0,
-                                  max_new_tokens=max_tokens, eos_token_id=eos, pad_token_id=pad,
-                                  output_logits=True, return_dict_in_generate=True)
+        config = GenerationConfig(
+            do_sample=not greedy,
+            temperature=None if greedy else temperature,
+            top_p=None if greedy else top_p,
+            top_k=None if greedy else 0,
+            max_new_tokens=max_tokens,
+            eos_token_id=eos,
+            pad_token_id=pad,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
         was_training, own_config = model.training, model.generation_config
         model.eval()
         model.generation_config = config
@@ -134,12 +144,18 @@ class HFEngine(Engine):
         finally:
             model.generation_config = own_config
             model.train(was_training)
-        seq = out.sequences[:, width:]                                        # (B, n)
+        seq = out.sequences[:, width:]  # (B, n)
         # log-prob of each sampled token, one position at a time, on the device: not all the logits
         # to the CPU (B x n x vocab floats: 3.4 GB for 134 rows x 128 tokens of a 49k vocab)
-        logp = torch.stack([torch.log_softmax(step.float() / (temperature or 1.0), -1)
-                            .gather(-1, seq[:, t, None]).squeeze(-1)
-                            for t, step in enumerate(out.logits)], 1).cpu()   # (B, n)
+        logp = torch.stack(
+            [
+                torch.log_softmax(step.float() / (temperature or 1.0), -1)
+                .gather(-1, seq[:, t, None])
+                .squeeze(-1)
+                for t, step in enumerate(out.logits)
+            ],
+            1,
+        ).cpu()  # (B, n)
         seq = seq.cpu()
         results = []
         for b in range(len(prompts)):
@@ -174,14 +190,17 @@ class VLLMEngine(Engine):
     Python work on every step (`python -m bench.rollout --gpu`, six runs on H100s: one in 8 made 1.06x
     the tokens/s of all).
     """
+
     name, tears_down_dist = "vllm", True
 
-    def __init__(self, model, eos_id, kv_cache_mb, gpu_memory_utilization, sleep=None, compile=False,
-                 logp_every=1):
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"   # in-process: weights pushed by reference
+    def __init__(
+        self, model, eos_id, kv_cache_mb, gpu_memory_utilization, sleep=None, compile=False, logp_every=1
+    ):
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process: weights pushed by reference
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # its warnings here are noise (no tokenizer)
         from vllm import LLM, SamplingParams
         from vllm.sampling_params import RequestOutputKind
+
         self.SamplingParams, self.eos, self.logp_every = SamplingParams, eos_id, logp_every
         self.final_only, self.submitted, self.keys = RequestOutputKind.FINAL_ONLY, 0, {}
         self.max_len = context_length(model.config)
@@ -192,23 +211,36 @@ class VLLMEngine(Engine):
         self.sleeps = self.gpu and (bool(gpu_memory_utilization) if sleep is None else sleep)
         # vLLM seeds torch/random/numpy globally and makes torch.set_num_threads a no-op when it
         # starts in-process: keep the trainer's RNG streams and thread count (--threads) as they were
-        rng, threads, set_threads = (torch.get_rng_state(), random.getstate(), np.random.get_state()), \
-            torch.get_num_threads(), torch.set_num_threads
-        kw = dict(skip_tokenizer_init=True, load_format="dummy", dtype=model.dtype if cpu else torch.bfloat16,
-                  logprobs_mode="processed_logprobs", generation_config="vllm",
-                  kv_cache_memory_bytes=kv_cache_mb << 20 if cpu or not gpu_memory_utilization else None,
-                  gpu_memory_utilization=gpu_memory_utilization or 0.01, enable_sleep_mode=not cpu)
+        rng, threads, set_threads = (
+            (torch.get_rng_state(), random.getstate(), np.random.get_state()),
+            torch.get_num_threads(),
+            torch.set_num_threads,
+        )
+        kw = dict(
+            skip_tokenizer_init=True,
+            load_format="dummy",
+            dtype=model.dtype if cpu else torch.bfloat16,
+            logprobs_mode="processed_logprobs",
+            generation_config="vllm",
+            kv_cache_memory_bytes=kv_cache_mb << 20 if cpu or not gpu_memory_utilization else None,
+            gpu_memory_utilization=gpu_memory_utilization or 0.01,
+            enable_sleep_mode=not cpu,
+        )
         # vLLM's compilation modes: 3 = its torch.compile pipeline, 0 = none (graphs still captured)
-        graphs = {"mode": 3, "cudagraph_mode": "FULL_AND_PIECEWISE"} if compile else \
-            {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}
-        try:   # no second try after a failure on GPU: vLLM's sleep-mode allocator serves one engine per process
-            self.llm = LLM(folder, enforce_eager=True, **kw) if cpu else \
-                LLM(folder, compilation_config=graphs, **kw)
+        graphs = (
+            {"mode": 3, "cudagraph_mode": "FULL_AND_PIECEWISE"}
+            if compile
+            else {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}
+        )
+        try:  # no second try after a failure on GPU: vLLM's sleep-mode allocator serves one engine per process
+            self.llm = (
+                LLM(folder, enforce_eager=True, **kw) if cpu else LLM(folder, compilation_config=graphs, **kw)
+            )
         finally:
             torch.set_num_threads = set_threads
             set_threads(threads)
             torch.set_rng_state(rng[0]), random.setstate(rng[1]), np.random.set_state(rng[2])
-        self.threads = threads   # vLLM's CPU kernels were set up for this many; see _threads
+        self.threads = threads  # vLLM's CPU kernels were set up for this many; see _threads
         head, embed = model.get_output_embeddings(), model.get_input_embeddings()
         names = {m: n for n, m in model.named_modules()}
         tied = head is not None and head.weight is embed.weight
@@ -235,9 +267,11 @@ class VLLMEngine(Engine):
             if "out of memory" not in str(e).lower():
                 raise
             held = torch.cuda.memory_allocated() / 2**30 if torch.cuda.is_available() else float("nan")
-            sys.exit(f"error: vLLM could not wake after the update (GPU out of memory; the trainer holds "
-                     f"{held:.1f} GiB): lower --gpu_memory_utilization (the engine's share), or the trainer's "
-                     f"memory with --grad_ckpt 1, --lora_rank or more GPUs")
+            sys.exit(
+                f"error: vLLM could not wake after the update (GPU out of memory; the trainer holds "
+                f"{held:.1f} GiB): lower --gpu_memory_utilization (the engine's share), or the trainer's "
+                f"memory with --grad_ckpt 1, --lora_rank or more GPUs"
+            )
 
     @contextlib.contextmanager
     def _threads(self):
@@ -263,25 +297,36 @@ class VLLMEngine(Engine):
                     yield name, tensor
                 if name == embed:
                     yield head, tensor
+
         with self._threads():
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights(),
-                                                              "is_checkpoint_format": True})
+            self.llm.collective_rpc(
+                "reload_weights", kwargs={"weights_iterator": weights(), "is_checkpoint_format": True}
+            )
             self.llm.reset_prefix_cache()
 
     def _params(self, temperature, top_p, max_tokens, logprobs, **kw):
-        return self.SamplingParams(temperature=temperature, top_p=top_p, max_tokens=max_tokens,
-                                   stop_token_ids=[self.eos], detokenize=False, **kw,
-                                   **(dict(logprobs=0, flat_logprobs=True) if logprobs else {}))
+        return self.SamplingParams(
+            temperature=temperature,
+            top_p=top_p,
+            max_tokens=max_tokens,
+            stop_token_ids=[self.eos],
+            detokenize=False,
+            **kw,
+            **(dict(logprobs=0, flat_logprobs=True) if logprobs else {}),
+        )
 
     @staticmethod
-    def _result(o):   # flat log-probs: plain lists, the sampled token's entry first at each position
+    def _result(o):  # flat log-probs: plain lists, the sampled token's entry first at each position
         c, lp = o.outputs[0], o.outputs[0].logprobs
         return list(c.token_ids), None if lp is None else [lp.logprobs[i] for i in lp.start_indices]
 
     def generate(self, prompts, temperature=1.0, top_p=1.0, max_tokens=16):
         with_lp, bare = (self._params(temperature, top_p, max_tokens, lp) for lp in (True, False))
-        params = with_lp if self.logp_every == 1 else \
-            [with_lp if i % self.logp_every == 0 else bare for i in range(len(prompts))]
+        params = (
+            with_lp
+            if self.logp_every == 1
+            else [with_lp if i % self.logp_every == 0 else bare for i in range(len(prompts))]
+        )
         with self._threads():
             outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
         return [self._result(o) for o in outs]
@@ -294,8 +339,9 @@ class VLLMEngine(Engine):
         rid, self.submitted = str(self.submitted), self.submitted + 1
         self.keys[rid] = key
         # FINAL_ONLY: a step returns only the requests it finished (not every running one, as generate's)
-        params = self._params(temperature, top_p, max_tokens, int(rid) % self.logp_every == 0,
-                              output_kind=self.final_only)
+        params = self._params(
+            temperature, top_p, max_tokens, int(rid) % self.logp_every == 0, output_kind=self.final_only
+        )
         self.llm.llm_engine.add_request(rid, {"prompt_token_ids": prompt}, params)
 
     def poll(self, wait_all=False):
@@ -306,32 +352,56 @@ class VLLMEngine(Engine):
         with self._threads():
             while self.keys and not (done and not wait_all):
                 # our ids are integers; a vLLM that reports its internal id adds "-<random>"
-                done += [(self.keys.pop(o.request_id.split("-")[0]), *self._result(o))
-                         for o in engine.step() if o.finished]
+                done += [
+                    (self.keys.pop(o.request_id.split("-")[0]), *self._result(o))
+                    for o in engine.step()
+                    if o.finished
+                ]
         return done
 
 
-def make_engine(kind, model, tokenizer, *, kv_cache_mb, gpu_memory_utilization, copy_dtype=None, compile=False,
-                logp_every=1):
+def make_engine(
+    kind,
+    model,
+    tokenizer,
+    *,
+    kv_cache_mb,
+    gpu_memory_utilization,
+    copy_dtype=None,
+    compile=False,
+    logp_every=1,
+):
     """--engine hf | vllm | auto. auto: the transformers engine for a model under AUTO_HF_ON_CPU
     parameters on CPU (the tiny default); otherwise vLLM where it imports and serves this model, else
     the transformers engine with a one-line warning that says why; vllm: the same failure is an error.
     copy_dtype: see HFEngine (vLLM always holds its own copy); compile (GPU only), logp_every: VLLMEngine's."""
-    small_on_cpu = next(model.parameters()).device.type == "cpu" and \
-        sum(p.numel() for p in model.parameters()) < AUTO_HF_ON_CPU
+    small_on_cpu = (
+        next(model.parameters()).device.type == "cpu"
+        and sum(p.numel() for p in model.parameters()) < AUTO_HF_ON_CPU
+    )
     if kind == "hf" or kind == "auto" and small_on_cpu:
         return HFEngine(model, tokenizer, copy_dtype)
     try:
-        return VLLMEngine(model, tokenizer.eos_token_id, kv_cache_mb, gpu_memory_utilization, compile=compile,
-                          logp_every=logp_every)
+        return VLLMEngine(
+            model,
+            tokenizer.eos_token_id,
+            kv_cache_mb,
+            gpu_memory_utilization,
+            compile=compile,
+            logp_every=logp_every,
+        )
     except Exception as e:  # vLLM reports bad input as many exception types; we only need the text
         why = (str(e).strip().splitlines() or [type(e).__name__])[0].split(". ")[0]
-        if "memory profiling" in why.lower():   # measured: several runs starting at once on one GPU
-            why = ("another process changed GPU memory while vLLM measured it at start-up; for runs that share "
-                   "a GPU, give each a fixed cache: --gpu_memory_utilization 0 --kv_cache_mb N")
+        if "memory profiling" in why.lower():  # measured: several runs starting at once on one GPU
+            why = (
+                "another process changed GPU memory while vLLM measured it at start-up; for runs that share "
+                "a GPU, give each a fixed cache: --gpu_memory_utilization 0 --kv_cache_mb N"
+            )
         elif "memory" in why.lower():
-            why = (f"KV cache too small: {why}; raise --kv_cache_mb (CPU, or GPU with --gpu_memory_utilization 0) "
-                   f"or --gpu_memory_utilization (GPU)")
+            why = (
+                f"KV cache too small: {why}; raise --kv_cache_mb (CPU, or GPU with --gpu_memory_utilization 0) "
+                f"or --gpu_memory_utilization (GPU)"
+            )
         if isinstance(e, ImportError):
             why = f"vllm is not importable ({why})"
         if kind == "vllm":

@@ -8,6 +8,7 @@ splits measure different things (in and out of distribution), and the paper repo
 Every eval also writes out_dir/eval.json (each set's games won, in order), so that two models
 evaluated on the same games compare game by game: `python -m evaluate RUN_A RUN_B` (paired()).
 """
+
 import inspect
 import json
 import math
@@ -23,7 +24,7 @@ from envs import GroupedEnvs, env_module, parse_env_args
 from memory import make_memory
 from rollout import rollout
 
-HELD_OUT = 10**9   # held-out seeds: HELD_OUT + [0, eval_episodes); training seeds skip [HELD_OUT, 2 HELD_OUT)
+HELD_OUT = 10**9  # held-out seeds: HELD_OUT + [0, eval_episodes); training seeds skip [HELD_OUT, 2 HELD_OUT)
 
 
 def eval_plan(cfg):
@@ -32,30 +33,47 @@ def eval_plan(cfg):
     spread over the split;
     --eval_sets picks some; it gets the --env_args it names, e.g. data_dir); any other env: the
     held-out seeds 10**9 + [0, eval_episodes)."""
-    sets_fn = getattr(env_module(cfg.env), "eval_sets", None)   # the optional hook (envs/__init__.py)
+    sets_fn = getattr(env_module(cfg.env), "eval_sets", None)  # the optional hook (envs/__init__.py)
     if sets_fn is None:
         if cfg.eval_sets:
-            raise ValueError(f"--eval_sets {cfg.eval_sets}: {cfg.env} has no named eval sets (it plays held-out seeds)")
+            raise ValueError(
+                f"--eval_sets {cfg.eval_sets}: {cfg.env} has no named eval sets (it plays held-out seeds)"
+            )
         return {"held-out": ({}, [HELD_OUT + k for k in range(cfg.eval_episodes)])}
-    params = inspect.signature(sets_fn).parameters   # the --env_args it takes (data_dir: where the sets are)
-    env_args = {k: v for k, v in parse_env_args(cfg.env, cfg.env_args).items()
-                if k in params or any(p.kind == p.VAR_KEYWORD for p in params.values())}
+    params = inspect.signature(sets_fn).parameters  # the --env_args it takes (data_dir: where the sets are)
+    env_args = {
+        k: v
+        for k, v in parse_env_args(cfg.env, cfg.env_args).items()
+        if k in params or any(p.kind == p.VAR_KEYWORD for p in params.values())
+    }
     return sets_fn(cfg.eval_episodes, names=[n for n in cfg.eval_sets.split(",") if n] or None, **env_args)
 
 
 def eval_what(cfg):
     """What the eval played, for the last line: '256 seeds, greedy' or 'valid_seen 140 + ... games, T=0.4'."""
     plan = eval_plan(cfg)
-    what = (f"{cfg.eval_episodes} seeds" if "held-out" in plan else
-            " + ".join(f"{name} {len(seeds)}" for name, (_, seeds) in plan.items()) + " games")
+    what = (
+        f"{cfg.eval_episodes} seeds"
+        if "held-out" in plan
+        else " + ".join(f"{name} {len(seeds)}" for name, (_, seeds) in plan.items()) + " games"
+    )
     return f"{what}, {'greedy' if cfg.eval_temperature == 0 else f'T={cfg.eval_temperature}'}"
 
 
 def eval_envs_for(cfg, envs, kwargs, seeds):
     """A named set gets its own envs (one group of 1 per game, closed after use); the held-out seeds
     are played on `envs`, made once in main()."""
-    return GroupedEnvs(cfg.env, len(seeds), 1, workers=cfg.env_workers,
-                       **{**parse_env_args(cfg.env, cfg.env_args), **kwargs}) if kwargs else envs
+    return (
+        GroupedEnvs(
+            cfg.env,
+            len(seeds),
+            1,
+            workers=cfg.env_workers,
+            **{**parse_env_args(cfg.env, cfg.env_args), **kwargs},
+        )
+        if kwargs
+        else envs
+    )
 
 
 def evaluate(tok, cfg, envs, prompt, engine, on_samples=None, iteration=None):
@@ -72,32 +90,61 @@ def evaluate(tok, cfg, envs, prompt, engine, on_samples=None, iteration=None):
         played[name] = list(seeds)
         set_envs = eval_envs_for(cfg, envs, kwargs, seeds)
         memories = [make_memory(cfg.memory, cfg.memory_k or None) for _ in range(set_envs.n)]
-        samples, episodes, _ = rollout(set_envs, engine, tok, prompt, memories, seeds, cfg.eval_temperature,
-                                       1.0, cfg.max_response_tokens, desc=f"eval {name}" if kwargs else None,
-                                       overlap=cfg.overlap)
-        if on_samples:   # records.py: a few whole episodes of each set go to disk
+        samples, episodes, _ = rollout(
+            set_envs,
+            engine,
+            tok,
+            prompt,
+            memories,
+            seeds,
+            cfg.eval_temperature,
+            1.0,
+            cfg.max_response_tokens,
+            desc=f"eval {name}" if kwargs else None,
+            overlap=cfg.overlap,
+        )
+        if on_samples:  # records.py: a few whole episodes of each set go to disk
             on_samples(name, samples)
         games[name] = [None if e.get("worker_died") else int(e["won"]) for e in episodes]
         rates[name] = known_mean(games[name])
         if None in games[name]:
-            tqdm.write(f"eval {name}: {games[name].count(None)} games cut short by a dead env worker, left out")
+            tqdm.write(
+                f"eval {name}: {games[name].count(None)} games cut short by a dead env worker, left out"
+            )
         if set_envs is not envs:
             set_envs.close()
             if any(e.get("task_type") for e in episodes):
                 types[name] = [e.get("task_type", "") for e in episodes]
-            by_type = {}                                    # task type -> [won, ...]
+            by_type = {}  # task type -> [won, ...]
             for t, won in zip(types.get(name, []), games[name]):
                 if t and won is not None:
                     by_type.setdefault(t, []).append(won)
             rates |= {f"{name}/{t}": float(np.mean(w)) for t, w in sorted(by_type.items())}
-            per_type = " ".join(f"{t} {rates[f'{name}/{t}']:.3f} ({len(w)})" for t, w in sorted(by_type.items()))
+            per_type = " ".join(
+                f"{t} {rates[f'{name}/{t}']:.3f} ({len(w)})" for t, w in sorted(by_type.items())
+            )
             invalid = sum(e["invalid"] for e in episodes) / max(1, sum(e["length"] for e in episodes))
-            tqdm.write(f"eval {name}: success {rates[name]:.3f} over {len(episodes) - games[name].count(None)} games, "
-                       f"invalid actions {invalid:.3f} of steps | {per_type}")
+            tqdm.write(
+                f"eval {name}: success {rates[name]:.3f} over {len(episodes) - games[name].count(None)} games, "
+                f"invalid actions {invalid:.3f} of steps | {per_type}"
+            )
         os.makedirs(cfg.out_dir, exist_ok=True)
-        records.write_whole(os.path.join(cfg.out_dir, "eval.json"), json.dumps(
-            {"iteration": iteration, "model": cfg.model, "temperature": cfg.eval_temperature, "rates": rates,
-             "games": games, "types": types, "env": cfg.env, "env_args": cfg.env_args, "seeds": played}))
+        records.write_whole(
+            os.path.join(cfg.out_dir, "eval.json"),
+            json.dumps(
+                {
+                    "iteration": iteration,
+                    "model": cfg.model,
+                    "temperature": cfg.eval_temperature,
+                    "rates": rates,
+                    "games": games,
+                    "types": types,
+                    "env": cfg.env,
+                    "env_args": cfg.env_args,
+                    "seeds": played,
+                }
+            ),
+        )
     return rates
 
 
@@ -153,7 +200,7 @@ def paired(a, b):
     only_a = sum(x > y for x, y in zip(a, b))
     only_b = sum(y > x for x, y in zip(a, b))
     n, k = only_a + only_b, min(only_a, only_b)
-    p = min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n) if n else 1.0
+    p = min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2**n) if n else 1.0
     return only_a, only_b, p
 
 
@@ -181,35 +228,47 @@ def compare(path_a, path_b):
         raise ValueError(f"the evals are of {a['env']} and {b['env']}: not the same games")
     for name in set(a.get("seeds", {})) & set(b.get("seeds", {})):
         if a["seeds"][name] != b["seeds"][name]:
-            raise ValueError(f"{name}: the evals played other seeds ({len(a['seeds'][name])} and "
-                             f"{len(b['seeds'][name])} games): not the same set")
-    args = f"; env_args {a['env_args']!r} and {b['env_args']!r}" \
-        if {"env_args"} <= set(a) & set(b) and a["env_args"] != b["env_args"] else ""
-    rows = ["| set | games | A success | B success | only A won | only B won | paired p |", "|---|---|---|---|---|---|---|"]
+            raise ValueError(
+                f"{name}: the evals played other seeds ({len(a['seeds'][name])} and "
+                f"{len(b['seeds'][name])} games): not the same set"
+            )
+    args = (
+        f"; env_args {a['env_args']!r} and {b['env_args']!r}"
+        if {"env_args"} <= set(a) & set(b) and a["env_args"] != b["env_args"]
+        else ""
+    )
+    rows = [
+        "| set | games | A success | B success | only A won | only B won | paired p |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for name in a["games"]:
         if name not in b["games"]:
             continue
         if len(a["games"][name]) != len(b["games"][name]):
-            raise ValueError(f"{name}: the evals played {len(a['games'][name])} and {len(b['games'][name])} games: "
-                             "not the same set")
-        subsets = {name: range(len(a["games"][name]))}   # a game either eval has no result for is left out
+            raise ValueError(
+                f"{name}: the evals played {len(a['games'][name])} and {len(b['games'][name])} games: "
+                "not the same set"
+            )
+        subsets = {name: range(len(a["games"][name]))}  # a game either eval has no result for is left out
         kinds = a.get("types", {}).get(name)
-        if kinds and kinds == b.get("types", {}).get(name):   # then a row per task type as well
+        if kinds and kinds == b.get("types", {}).get(name):  # then a row per task type as well
             subsets |= {f"{name}/{t}": [i for i, k in enumerate(kinds) if k == t] for t in sorted(set(kinds))}
         for label, idx in subsets.items():
             both = [i for i in idx if a["games"][name][i] is not None and b["games"][name][i] is not None]
             ga, gb = [a["games"][name][i] for i in both], [b["games"][name][i] for i in both]
             only_a, only_b, p = paired(ga, gb)
-            rows.append(f"| {label} | {len(ga)} | {known_mean(ga):.3f} | {known_mean(gb):.3f} | "
-                        f"{only_a} | {only_b} | {p:.3f} |")
+            rows.append(
+                f"| {label} | {len(ga)} | {known_mean(ga):.3f} | {known_mean(gb):.3f} | "
+                f"{only_a} | {only_b} | {p:.3f} |"
+            )
     head = f"A = {path_a} (iteration {a['iteration']}), B = {path_b} (iteration {b['iteration']}){args}"
     return "\n".join([head, *rows])
 
 
-if __name__ == "__main__":   # python -m evaluate RUN_A RUN_B: two evals of the same games, game by game
+if __name__ == "__main__":  # python -m evaluate RUN_A RUN_B: two evals of the same games, game by game
     if len(sys.argv) != 3:
         sys.exit("usage: python -m evaluate RUN_A RUN_B   (out dirs, or their eval.json files)")
     try:
         print(compare(*sys.argv[1:]))
-    except ValueError as e:   # paired(): not the same games
+    except ValueError as e:  # paired(): not the same games
         sys.exit(f"error: {e}")

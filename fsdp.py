@@ -5,6 +5,7 @@ engine's weight push and checkpoint.py's HF export read).
 A plain CPU run never joins a process group: every function here is then a no-op or the plain
 single-process version, so train.py reads the same either way.
 """
+
 import datetime
 import os
 import socket
@@ -13,9 +14,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from checks import fail, first_line
-
-PACKED_ATTN = ("flash_attention_2", "torch_varlen")   # implementations that take packed rows
+PACKED_ATTN = ("flash_attention_2", "torch_varlen")  # implementations that take packed rows
 
 
 # ---- attention for the update on GPU: which kernel, and packed (varlen) sequences without flash-attn ----
@@ -42,6 +41,7 @@ def flash_attn_2():
     `flash_attn` package too (flash_attn.cute), without the kernels transformers' flash_attention_2 calls."""
     import importlib.metadata
     import importlib.util
+
     if importlib.util.find_spec("flash_attn") is None:
         return False
     try:
@@ -54,6 +54,7 @@ def register_varlen():
     """Make attn_implementation="torch_varlen" known to transformers (attention and its masks)."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
+
     AttentionInterface.register("torch_varlen", _varlen_attention)
     AttentionMaskInterface.register("torch_varlen", _varlen_mask)
 
@@ -62,22 +63,35 @@ def _varlen_mask(*args, attention_mask=None, **kw):
     """No mask for a packed row (its cu_seq_lens delimit the sequences) or an unpadded one (causal);
     SDPA's mask for padded rows (generation from this model), which _varlen_attention hands to SDPA."""
     from transformers.masking_utils import sdpa_mask
+
     return None if attention_mask is None else sdpa_mask(*args, attention_mask=attention_mask, **kw)
 
 
 def _varlen_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kw):
     """A transformers attention function for one packed row: q (1, Hq, T, D), k/v (1, Hkv, T, D)
     and cu_seq_lens_q/k (make_batch) -> causal attention within each sequence, (1, T, Hq, D)."""
-    if "cu_seq_lens_q" not in kw:   # not a packed row (generation with a KV cache, padded rows): SDPA
+    if "cu_seq_lens_q" not in kw:  # not a packed row (generation with a KV cache, padded rows): SDPA
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
-        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling,
-                                      dropout=dropout, **kw)
+
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kw
+        )
     from torch.nn.attention.varlen import varlen_attn
-    q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))               # (T, H, D)
-    if k.shape[1] != q.shape[1]:                                                 # GQA
+
+    q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # (T, H, D)
+    if k.shape[1] != q.shape[1]:  # GQA
         k, v = (x.repeat_interleave(q.shape[1] // x.shape[1], dim=1) for x in (k, v))
-    out = varlen_attn(q, k, v, kw["cu_seq_lens_q"], kw["cu_seq_lens_k"], kw["max_length_q"],
-                      kw["max_length_k"], scale=scaling, window_size=(-1, 0))      # (-1, 0) = causal
+    out = varlen_attn(
+        q,
+        k,
+        v,
+        kw["cu_seq_lens_q"],
+        kw["cu_seq_lens_k"],
+        kw["max_length_q"],
+        kw["max_length_k"],
+        scale=scaling,
+        window_size=(-1, 0),
+    )  # (-1, 0) = causal
     return out[None], None
 
 
@@ -97,14 +111,20 @@ def setup_dist(cfg):
     if "RANK" not in os.environ and not cuda:
         return 0, 1, torch.device("cpu")
     if "RANK" not in os.environ:
-        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-                          MASTER_PORT=os.environ.get("MASTER_PORT") or str(free_port()))
+        os.environ.update(
+            RANK="0",
+            WORLD_SIZE="1",
+            LOCAL_RANK="0",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=os.environ.get("MASTER_PORT") or str(free_port()),
+        )
     device = torch.device(f"cuda:{int(os.environ['LOCAL_RANK'])}" if cuda else "cpu")
     if cuda:
         torch.cuda.set_device(device)
     # rank 0 evaluates (ALFWorld: many minutes) while the others wait at a barrier: a long timeout
-    dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None,
-                            timeout=datetime.timedelta(hours=2))
+    dist.init_process_group(
+        "nccl" if cuda else "gloo", device_id=device if cuda else None, timeout=datetime.timedelta(hours=2)
+    )
     global _DIST
     _DIST = True
     return dist.get_rank(), dist.get_world_size(), device
@@ -159,8 +179,12 @@ def shard(model, device, grad_ckpt=False, reshard_after_forward=None, compile_la
     if not _DIST:
         return model
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
-        if device.type == "cuda" else MixedPrecisionPolicy()
+
+    mp = (
+        MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        if device.type == "cuda"
+        else MixedPrecisionPolicy()
+    )
     for layer in layers:
         fully_shard(layer, mp_policy=mp, reshard_after_forward=reshard_after_forward)
     return fully_shard(model, mp_policy=mp, reshard_after_forward=reshard_after_forward)
@@ -174,12 +198,15 @@ def decoder_layers(model):
     base = getattr(model, "get_base_model", lambda: model)()
     names, layers = set(getattr(base, "_no_split_modules", None) or ()), []
     for name, module in base.named_modules():
-        if any(c.__name__ in names for c in type(module).__mro__) \
-                and not any(name.startswith(f"{outer}.") for outer, _ in layers):
+        if any(c.__name__ in names for c in type(module).__mro__) and not any(
+            name.startswith(f"{outer}.") for outer, _ in layers
+        ):
             layers.append((name, module))
     if not layers:
-        raise ValueError(f"{type(base).__name__}: no decoder layers found (its _no_split_modules names "
-                         f"{sorted(names) or 'none'}); FSDP2 sharding needs them")
+        raise ValueError(
+            f"{type(base).__name__}: no decoder layers found (its _no_split_modules names "
+            f"{sorted(names) or 'none'}); FSDP2 sharding needs them"
+        )
     return [module for _, module in layers]
 
 
@@ -187,8 +214,10 @@ def add_lora(model, rank):
     """LoRA adapters (peft) of this rank on every linear layer of the decoder, alpha = 2 x rank; the
     base weights freeze. The KL reference is then the same model with its adapters off."""
     from peft import LoraConfig, get_peft_model
-    return get_peft_model(model, LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0,
-                                            target_modules="all-linear"))
+
+    return get_peft_model(
+        model, LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules="all-linear")
+    )
 
 
 def _full(p):
@@ -225,12 +254,16 @@ def balance_tokens(samples, *per_sample):
         load[to] += n
         dest[(r, i)] = to
     cols = [c for c in per_sample if c is not None]
-    outgoing = [(dest[(rank, i)], samples[i], [c[i] for c in cols]) for i in range(len(samples))
-                if i not in keep[rank]]
+    outgoing = [
+        (dest[(rank, i)], samples[i], [c[i] for c in cols])
+        for i in range(len(samples))
+        if i not in keep[rank]
+    ]
     moved = [None] * world
     dist.all_gather_object(moved, outgoing)
-    pairs = [(samples[i], [c[i] for c in cols]) for i in sorted(keep[rank])] + \
-        [(x, a) for out in moved for to, x, a in out if to == rank]
+    pairs = [(samples[i], [c[i] for c in cols]) for i in sorted(keep[rank])] + [
+        (x, a) for out in moved for to, x, a in out if to == rank
+    ]
     new_cols = iter([np.asarray([a[k] for _, a in pairs]) for k in range(len(cols))])
     return ([x for x, _ in pairs], *(None if c is None else next(new_cols) for c in per_sample))
 
@@ -244,17 +277,19 @@ def full_parameters(model):
             yield name, _full(p)
         return
     base = model.get_base_model()
-    lora = {f"{n}.base_layer.weight": m for n, m in base.named_modules() if "default" in getattr(m, "lora_A", {})}
+    lora = {
+        f"{n}.base_layer.weight": m for n, m in base.named_modules() if "default" in getattr(m, "lora_A", {})
+    }
     for name, p in base.named_parameters():
         if ".lora_" in name:
             continue
         w = _full(p)
         if name in lora:
             m = lora[name]
-            w = w + m.scaling["default"] * (_full(m.lora_B["default"].weight) @ _full(m.lora_A["default"].weight)).to(w.dtype)
+            w = w + m.scaling["default"] * (
+                _full(m.lora_B["default"].weight) @ _full(m.lora_A["default"].weight)
+            ).to(w.dtype)
         yield name.replace(".base_layer.", "."), w
-
-
 
 
 def _local(t):

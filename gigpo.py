@@ -32,6 +32,7 @@ Choices and departures from the paper's text:
   * An invalid action costs `penalty` on that sample's score / step return
     only; the penalty is not discounted back to earlier steps.
 """
+
 import difflib
 from collections import Counter, defaultdict
 from types import SimpleNamespace
@@ -125,7 +126,7 @@ def group_stats_normalize(values, group_ids, norm, unit_ids=None, eps=1e-6):
     _check("norm", norm, NORMS)
     x = _f64(values)
     group_members, keys = _members(group_ids, unit_ids)
-    unit = {}   # a unit's value: its largest sample value (a sample is its own unit by default)
+    unit = {}  # a unit's value: its largest sample value (a sample is its own unit by default)
     for k, xi in zip(keys, x):
         unit[k] = max(unit.get(k, xi), xi)
     mean, std = {}, {}
@@ -243,8 +244,11 @@ def ppo_estimator(b):
         got = b.values is not None and len(b.values)
         raise ValueError(f"algo ppo needs one critic value per sample, got {got}")
     gae = gae_advantage(b.rewards, b.values, b.traj_ids, b.gamma, b.gae_lambda)
-    return {"adv_episode": 0.0, "adv_step": batch_whiten(gae - b.penalty * (1.0 - b.valid)),
-            "value_target": value_targets(b.rewards, b.values, b.traj_ids, b.gamma, b.gae_lambda)}
+    return {
+        "adv_episode": 0.0,
+        "adv_step": batch_whiten(gae - b.penalty * (1.0 - b.valid)),
+        "value_target": value_targets(b.rewards, b.values, b.traj_ids, b.gamma, b.gae_lambda),
+    }
 
 
 def reinforce_pp_estimator(b):
@@ -252,16 +256,36 @@ def reinforce_pp_estimator(b):
     return {"adv_episode": 0.0, "adv_step": batch_whiten(b.step_return)}
 
 
-ESTIMATORS = {"gigpo": gigpo_estimator, "grpo": grpo_estimator, "rloo": rloo_estimator, "ppo": ppo_estimator,
-              "reinforce_pp": reinforce_pp_estimator}
+ESTIMATORS = {
+    "gigpo": gigpo_estimator,
+    "grpo": grpo_estimator,
+    "rloo": rloo_estimator,
+    "ppo": ppo_estimator,
+    "reinforce_pp": reinforce_pp_estimator,
+}
 ALGOS = tuple(ESTIMATORS)
-BATCH_ALGOS = ("ppo", "reinforce_pp")   # statistics over the whole batch (train.py: every rank's samples)
+BATCH_ALGOS = ("ppo", "reinforce_pp")  # statistics over the whole batch (train.py: every rank's samples)
 
 
 # --------------------------------------------------------------------------- the one call
-def advantages(rewards, traj_ids, group_ids, anchors, valid, *, algo="gigpo", gamma=0.95, omega=1.0,
-               penalty=0.1, norm="mean_std_norm", stats="step", similarity=None, values=None, gae_lambda=0.95,
-               tied_step=True):
+def advantages(
+    rewards,
+    traj_ids,
+    group_ids,
+    anchors,
+    valid,
+    *,
+    algo="gigpo",
+    gamma=0.95,
+    omega=1.0,
+    penalty=0.1,
+    norm="mean_std_norm",
+    stats="step",
+    similarity=None,
+    values=None,
+    gae_lambda=0.95,
+    tied_step=True,
+):
     """One advantage per sample, and its parts, for the estimator ESTIMATORS[algo]:
 
       gigpo:        A = A^E + omega * A^S   (Sec. 4.2); tied_step=False: an ablation (gigpo_estimator)
@@ -281,8 +305,7 @@ def advantages(rewards, traj_ids, group_ids, anchors, valid, *, algo="gigpo", ga
     unequal lengths, a NaN/inf reward, a trajectory spread over two episode groups, ppo without
     values, or an unknown algo/norm/stats.
     """
-    arrays = dict(rewards=rewards, traj_ids=traj_ids, group_ids=group_ids,
-                  anchors=anchors, valid=valid)
+    arrays = dict(rewards=rewards, traj_ids=traj_ids, group_ids=group_ids, anchors=anchors, valid=valid)
     lengths = {k: len(v) for k, v in arrays.items()}
     if len(set(lengths.values())) > 1:
         raise ValueError(f"all inputs must have the same length, got {lengths}")
@@ -292,8 +315,9 @@ def advantages(rewards, traj_ids, group_ids, anchors, valid, *, algo="gigpo", ga
     r = _f64(rewards)
     bad = np.flatnonzero(~np.isfinite(r))
     if bad.size:
-        raise ValueError(f"NaN/inf reward at sample {bad[0]} (value {r[bad[0]]}); "
-                         f"{bad.size} bad sample(s) in total")
+        raise ValueError(
+            f"NaN/inf reward at sample {bad[0]} (value {r[bad[0]]}); {bad.size} bad sample(s) in total"
+        )
     home = {}
     for t, g in zip(traj_ids, group_ids):
         if home.setdefault(t, g) != g:
@@ -301,18 +325,40 @@ def advantages(rewards, traj_ids, group_ids, anchors, valid, *, algo="gigpo", ga
     n = len(r)
     if n == 0:
         return {k: np.zeros(0) for k in ("adv", "adv_episode", "adv_step", "score", "step_return")} | {
-            "step_group": np.zeros(0, dtype=np.int64), "step_weight": 0.0}
-    b = SimpleNamespace(rewards=r, traj_ids=traj_ids, group_ids=group_ids, anchors=anchors, valid=_f64(valid),
-                        values=values, gamma=gamma, omega=omega, penalty=penalty, norm=norm, stats=stats,
-                        gae_lambda=gae_lambda, tied_step=tied_step,
-                        score=episode_scores(r, traj_ids, valid, penalty),
-                        step_return=step_returns(r, traj_ids, valid, gamma, penalty),
-                        step_group=step_groups(anchors, group_ids, similarity))
+            "step_group": np.zeros(0, dtype=np.int64),
+            "step_weight": 0.0,
+        }
+    b = SimpleNamespace(
+        rewards=r,
+        traj_ids=traj_ids,
+        group_ids=group_ids,
+        anchors=anchors,
+        valid=_f64(valid),
+        values=values,
+        gamma=gamma,
+        omega=omega,
+        penalty=penalty,
+        norm=norm,
+        stats=stats,
+        gae_lambda=gae_lambda,
+        tied_step=tied_step,
+        score=episode_scores(r, traj_ids, valid, penalty),
+        step_return=step_returns(r, traj_ids, valid, gamma, penalty),
+        step_group=step_groups(anchors, group_ids, similarity),
+    )
     parts = ESTIMATORS[algo](b)
     a_e, a_s = (np.broadcast_to(_f64(parts.pop(k, 0.0)), (n,)).copy() for k in ("adv_episode", "adv_step"))
     w = float(parts.pop("step_weight", 1.0))
-    return {"adv": a_e + w * a_s, "adv_episode": a_e, "adv_step": a_s, "step_weight": w, "score": b.score,
-            "step_return": b.step_return, "step_group": b.step_group, **parts}
+    return {
+        "adv": a_e + w * a_s,
+        "adv_episode": a_e,
+        "adv_step": a_s,
+        "step_weight": w,
+        "score": b.score,
+        "step_return": b.step_return,
+        "step_group": b.step_group,
+        **parts,
+    }
 
 
 def advantage_stats(scores, group_ids, step_group_ids):

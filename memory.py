@@ -5,6 +5,7 @@ reward) after every step (obs = the observation the action was taken in), and te
 next prompt. The prompt never carries more than text(): that is what keeps step-independent
 prompts flat while episodes grow ("full" is the concatenation baseline that does grow).
 """
+
 import re
 
 
@@ -32,7 +33,7 @@ class WindowMemory(NoMemory):
         self.k = k
 
     def text(self):
-        recent = self.steps[-self.k:] if self.k > 0 else []
+        recent = self.steps[-self.k :] if self.k > 0 else []
         return " ".join(f"[{obs} -> {action}]" for obs, action, _ in recent)
 
 
@@ -58,11 +59,11 @@ class VisitedMemory(NoMemory):
         visited = []
         for obs, _, _ in self.steps:
             m = self.POS.search(obs)
-            if m:   # a revisited cell moves to the end: the cut below keeps the k most recent
+            if m:  # a revisited cell moves to the end: the cut below keeps the k most recent
                 visited = [v for v in visited if v != m.groups()] + [m.groups()]
         if not self.steps:
             return ""
-        cells = " ".join(f"({r}, {c})" for r, c in visited[-self.k:])
+        cells = " ".join(f"({r}, {c})" for r, c in visited[-self.k :])
         return f"visited {cells} last {self.steps[-1][1]}"
 
 
@@ -76,12 +77,20 @@ class BoxesMemory(WindowMemory):
 
     def text(self):
         from prompts.sokoban import grid_rows, positions
-        recent = self.steps[-self.k:] if self.k > 0 else []
-        return " ".join(f"{positions(grid_rows(obs), targets=False)} {action}".strip() for obs, action, _ in recent)
+
+        recent = self.steps[-self.k :] if self.k > 0 else []
+        return " ".join(
+            f"{positions(grid_rows(obs), targets=False)} {action}".strip() for obs, action, _ in recent
+        )
 
 
-MEMORIES = {"none": NoMemory, "window": WindowMemory, "full": FullHistory, "visited": VisitedMemory,
-            "boxes": BoxesMemory}
+MEMORIES = {
+    "none": NoMemory,
+    "window": WindowMemory,
+    "full": FullHistory,
+    "visited": VisitedMemory,
+    "boxes": BoxesMemory,
+}
 
 
 def make_memory(name, k=None):

@@ -10,6 +10,7 @@ side by side, one cell per step coloured by its advantage (green > 0, red < 0, g
 no advantage); click a step to highlight every step of the same anchor state (GiGPO's step group)
 and to read its prompt and response. The page embeds the last --max_episodes episodes.
 """
+
 import argparse
 import base64
 import json
@@ -17,8 +18,11 @@ import os
 import sys
 
 PANELS = [  # (title, metric keys)
-    ("success", ["success", "eval_success", "won_group_frac"]), ("valid ratio", ["valid_ratio"]), ("entropy", ["entropy"]),
-    ("KL to reference", ["kl_ref"]), ("seconds per phase", ["time_gen", "time_env", "time_update", "time_sync"]),
+    ("success", ["success", "eval_success", "won_group_frac"]),
+    ("valid ratio", ["valid_ratio"]),
+    ("entropy", ["entropy"]),
+    ("KL to reference", ["kl_ref"]),
+    ("seconds per phase", ["time_gen", "time_env", "time_update", "time_sync"]),
     ("tokens trained on", ["tokens"]),
 ]
 
@@ -28,22 +32,27 @@ def read_jsonl(path):
     for line in open(path):
         try:
             rows.append(json.loads(line))
-        except json.JSONDecodeError:   # a line a crash cut short: skip it
+        except json.JSONDecodeError:  # a line a crash cut short: skip it
             pass
     return rows
 
 
 def curves_png(metrics, path):
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     fig, axes = plt.subplots(2, 3, figsize=(13, 6.5))
     for ax, (title, keys) in zip(axes.flat, PANELS):
         for key in keys:
             pts = [(m["iteration"], m[key]) for m in metrics if isinstance(m.get(key), (int, float))]
             if pts:
-                ax.plot(*zip(*pts), label=key if key != "eval_success" else "eval_success (last evaluation)",
-                        drawstyle="steps-post" if key == "eval_success" else "default")
+                ax.plot(
+                    *zip(*pts),
+                    label=key if key != "eval_success" else "eval_success (last evaluation)",
+                    drawstyle="steps-post" if key == "eval_success" else "default",
+                )
         ax.set_title(title)
         ax.set_xlabel("iteration")
         ax.grid(alpha=0.3)
@@ -72,7 +81,7 @@ def main(argv=None):
     if not metrics:
         sys.exit(f"error: {metrics_path} holds no complete line yet")
     ep_path = os.path.join(args.out_dir, "episodes.jsonl")
-    episodes = read_jsonl(ep_path)[-args.max_episodes:] if os.path.isfile(ep_path) else []
+    episodes = read_jsonl(ep_path)[-args.max_episodes :] if os.path.isfile(ep_path) else []
     png = os.path.join(args.out_dir, "curves.png")
     curves_png(metrics, png)
     html = os.path.join(args.out_dir, "report.html")

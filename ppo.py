@@ -6,6 +6,7 @@ Each step sample is (prompt ids, response ids); only response tokens are scored 
 batches hold at most `micro_batch_tokens` tokens: left-padded rows (SDPA) or one packed row (varlen
 attention). Under FSDP2 every rank runs the same number of micro-batches (dummy passes fill in).
 """
+
 import math
 
 import numpy as np
@@ -14,13 +15,13 @@ import torch.distributed as dist
 
 from fsdp import all_reduce, dist_on
 
-LOSSES = ("ppo", "gspo")   # token ratio (policy_loss) | sequence ratio (gspo_loss): --loss
+LOSSES = ("ppo", "gspo")  # token ratio (policy_loss) | sequence ratio (gspo_loss): --loss
 # update()'s fixed values (no flags), the paper's where it has one
-EPOCHS = 1        # passes over each batch (paper: 1)
-GRAD_CLIP = 1.0   # max gradient norm of each optimizer step, the model's and the critic's apart (paper: 1.0)
-DUAL_CLIP = 3.0   # dual-clip c: a negative advantage's token term is at most -A c; --loss ppo only (paper: 3)
-VF_COEF = 0.5     # --algo ppo: weight of the value loss in the shared loss (PPO paper's c1: 1, on Atari)
-VF_CLIP = 0.5     # --algo ppo: value clip, V within V_old +- this, reward units (verl: 0.5)
+EPOCHS = 1  # passes over each batch (paper: 1)
+GRAD_CLIP = 1.0  # max gradient norm of each optimizer step, the model's and the critic's apart (paper: 1.0)
+DUAL_CLIP = 3.0  # dual-clip c: a negative advantage's token term is at most -A c; --loss ppo only (paper: 3)
+VF_COEF = 0.5  # --algo ppo: weight of the value loss in the shared loss (PPO paper's c1: 1, on Atari)
+VF_CLIP = 0.5  # --algo ppo: value clip, V within V_old +- this, reward units (verl: 0.5)
 
 
 # ---- the losses (PPO, Schulman et al. 2017, arXiv 1707.06347; DAPO, Yu et al. 2025, arXiv 2503.14476;
@@ -34,8 +35,9 @@ def masked_mean(x, mask, count=None):
     return (x * mask).sum() / count
 
 
-def policy_loss(logp, old_logp, adv, mask, clip=0.2, dual_clip=3.0, token_count=None, weights=None,
-                clip_high=None):
+def policy_loss(
+    logp, old_logp, adv, mask, clip=0.2, dual_clip=3.0, token_count=None, weights=None, clip_high=None
+):
     """PPO clipped surrogate with dual clip, token-mean (paper's objective, Sec. 4.2):
 
       ratio = exp(logp - old_logp)        (log-ratio clamped to [-20, 20])
@@ -95,16 +97,18 @@ def gspo_loss(logp, old_logp, adv, mask, clip=3e-4, clip_high=4e-4, seq_count=No
     """
     adv = torch.as_tensor(adv, dtype=logp.dtype, device=logp.device).reshape(-1)
     m = mask.to(logp.dtype)
-    n_tok = m.sum(-1)                                                       # (B,)
+    n_tok = m.sum(-1)  # (B,)
     log_s = (((logp - old_logp) * m).sum(-1) / n_tok.clamp(min=1.0)).clamp(-20.0, 20.0)
-    s = torch.exp(log_s)                                                    # (B,)
+    s = torch.exp(log_s)  # (B,)
     pg_plain, pg_clip = -adv * s, -adv * s.clamp(1.0 - clip, 1.0 + clip_high)
     pg = torch.maximum(pg_plain, pg_clip)
     rows = (n_tok > 0).to(logp.dtype)
     loss = masked_mean(pg, rows, seq_count)
     with torch.no_grad():
-        stats = {"clip_frac": masked_mean((pg_clip > pg_plain).to(logp.dtype), rows),
-                 "approx_kl": masked_mean(old_logp - logp, mask)}
+        stats = {
+            "clip_frac": masked_mean((pg_clip > pg_plain).to(logp.dtype), rows),
+            "approx_kl": masked_mean(old_logp - logp, mask),
+        }
     return loss, {k: v.detach() for k, v in stats.items()}
 
 
@@ -155,8 +159,6 @@ def kl_k3(logp, ref_logp):
     return (torch.exp(d) - d - 1.0).clamp(-10.0, 10.0)
 
 
-
-
 # ---- micro-batches: token budget; left-padded rows (SDPA) or one packed row (flash-attn varlen) ----
 def micro_batches(samples, idx, max_tokens, packed):
     """Indices -> lists of indices, longest first, each under max_tokens. The cost of a micro-batch
@@ -187,26 +189,39 @@ def make_batch(samples, idx, pad_id, packed):
         ends = np.cumsum([len(s) for s in seqs])
         keep = torch.tensor([e - r - 1 + k for e, r in zip(ends, resp) for k in range(r)])
         ids = torch.tensor([[t for s in seqs for t in s]])
-        cu = torch.tensor([0, *ends], dtype=torch.int32)              # sequence boundaries, for varlen
+        cu = torch.tensor([0, *ends], dtype=torch.int32)  # sequence boundaries, for varlen
         # an upper bound is all varlen attention needs; a power of two keeps the values few, so a
         # compiled layer (--compile 1, which guards on this int) is not recompiled per micro-batch
         longest = 1 << (max(len(s) for s in seqs) - 1).bit_length()
-        inputs = dict(input_ids=ids, position_ids=torch.tensor([[p for s in seqs for p in range(len(s))]]),
-                      logits_to_keep=keep, cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=longest,
-                      max_length_k=longest)
+        inputs = dict(
+            input_ids=ids,
+            position_ids=torch.tensor([[p for s in seqs for p in range(len(s))]]),
+            logits_to_keep=keep,
+            cu_seq_lens_q=cu,
+            cu_seq_lens_k=cu,
+            max_length_q=longest,
+            max_length_k=longest,
+        )
         rows, cols, targets = torch.zeros_like(keep), torch.arange(len(keep)), ids[0, keep + 1]
-        last = (torch.zeros(len(seqs), dtype=torch.long), torch.tensor(ends - np.array(resp) - 1, dtype=torch.long))
+        last = (
+            torch.zeros(len(seqs), dtype=torch.long),
+            torch.tensor(ends - np.array(resp) - 1, dtype=torch.long),
+        )
     else:
         W, K = max(len(s) for s in seqs), max(resp)
         ids = torch.full((len(seqs), W), pad_id, dtype=torch.long)
         mask = torch.zeros_like(ids)
         for b, s in enumerate(seqs):
-            ids[b, W - len(s):], mask[b, W - len(s):] = torch.tensor(s), 1
-        inputs = dict(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(1) - 1).clamp(min=0),
-                      logits_to_keep=K + 1)
+            ids[b, W - len(s) :], mask[b, W - len(s) :] = torch.tensor(s), 1
+        inputs = dict(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=(mask.cumsum(1) - 1).clamp(min=0),
+            logits_to_keep=K + 1,
+        )
         rows = torch.tensor([b for b, r in enumerate(resp) for _ in range(r)], dtype=torch.long)
-        cols = torch.tensor([K - r + k for r in resp for k in range(r)], dtype=torch.long)   # logit column
-        targets = ids[rows, W - K + cols]                                       # the token it predicts
+        cols = torch.tensor([K - r + k for r in resp for k in range(r)], dtype=torch.long)  # logit column
+        targets = ids[rows, W - K + cols]  # the token it predicts
         last = (torch.arange(len(seqs)), torch.tensor([W - r - 1 for r in resp], dtype=torch.long))
     # last: (row, column) of each sample's last prompt token in input_ids: the critic's state
     return {"inputs": inputs, "rows": rows, "cols": cols, "targets": targets, "last_prompt": last}
@@ -225,16 +240,16 @@ def score(model, batch, device, temperature=1.0, entropy_grad=False, critic=None
     (n_samples,), else None."""
     # every copy to the device before the forward is queued: a copy waits for the GPU to finish what
     # it was given, so one after it would hold the CPU until the forward is done
-    to = lambda x: x.to(device) if torch.is_tensor(x) else x   # noqa: E731
+    to = lambda x: x.to(device) if torch.is_tensor(x) else x  # noqa: E731
     inputs = {k: to(v) for k, v in batch["inputs"].items()}
     rows, cols, targets = to(batch["rows"]), to(batch["cols"]), to(batch["targets"])
     r, c = map(to, batch["last_prompt"]) if critic is not None else (None, None)
     out = model(**inputs, use_cache=False, output_hidden_states=critic is not None)
-    logits = out.logits[rows, cols].float() / temperature                          # (n, V)
-    logp_all = torch.log_softmax(logits, -1)                                       # (n, V)
+    logits = out.logits[rows, cols].float() / temperature  # (n, V)
+    logp_all = torch.log_softmax(logits, -1)  # (n, V)
     logp = logp_all.gather(-1, targets[:, None])[:, 0]
     values = None
-    if critic is not None:   # the last layer's (normed) hidden state at the last prompt token
+    if critic is not None:  # the last layer's (normed) hidden state at the last prompt token
         values = critic(out.hidden_states[-1][r, c])
     if not entropy:
         return logp, None, values
@@ -266,8 +281,14 @@ def logprobs(model, samples, *, cfg, device, pad_id, packed):
         if mb is None:
             dummy_pass(model, device)
             continue
-        done.append((mb, response_logprobs(model, make_batch(samples, mb, pad_id, packed), device, cfg.temperature,
-                                           entropy=False)[0]))
+        done.append(
+            (
+                mb,
+                response_logprobs(
+                    model, make_batch(samples, mb, pad_id, packed), device, cfg.temperature, entropy=False
+                )[0],
+            )
+        )
     for mb, logp in done:
         for i, lp in zip(mb, logp.cpu().split([len(samples[i].response_ids) for i in mb])):
             out[i] = lp
@@ -299,12 +320,12 @@ class Critic:
         self.opt, self.sched = make_optimizer(self.head)
 
     def __call__(self, h):
-        return self.head(h.float()).squeeze(-1)                                     # (B,)
+        return self.head(h.float()).squeeze(-1)  # (B,)
 
     def step(self, grad_clip, world):
         """Average the head's gradient over ranks, clip it, step."""
         if world > 1:
-            for p in self.head.parameters():   # a rank with no sample this step adds zeros
+            for p in self.head.parameters():  # a rank with no sample this step adds zeros
                 p.grad = torch.zeros_like(p) if p.grad is None else p.grad
                 dist.all_reduce(p.grad)
                 p.grad /= world
@@ -312,7 +333,11 @@ class Critic:
         self.opt.step()
 
     def state_dict(self):
-        return {"head": self.head.state_dict(), "opt": self.opt.state_dict(), "sched": self.sched.state_dict()}
+        return {
+            "head": self.head.state_dict(),
+            "opt": self.opt.state_dict(),
+            "sched": self.sched.state_dict(),
+        }
 
     def load_state_dict(self, state):
         self.head.load_state_dict(state["head"])
@@ -329,12 +354,17 @@ def state_values(model, critic, samples, *, cfg, device, pad_id, packed):
         if mb is None:
             dummy_pass(model, device)
             continue
-        out[mb] = score(model, make_batch(samples, mb, pad_id, packed), device, critic=critic,
-                        entropy=False)[2].cpu().numpy()
+        out[mb] = (
+            score(model, make_batch(samples, mb, pad_id, packed), device, critic=critic, entropy=False)[2]
+            .cpu()
+            .numpy()
+        )
     return out
 
 
-def update(model, opt, sched, samples, *, old, ref, adv, cfg, device, pad_id, packed, critic=None, targets=None):
+def update(
+    model, opt, sched, samples, *, old, ref, adv, cfg, device, pad_id, packed, critic=None, targets=None
+):
     """PPO-style clipped update over this rank's samples -> metrics. Token-mean over the GLOBAL
     mini-batch: each micro-batch loss is its token sum over the mini-batch's token count on all
     ranks (times the world size, since FSDP averages gradients over ranks), so the update does not
@@ -345,8 +375,9 @@ def update(model, opt, sched, samples, *, old, ref, adv, cfg, device, pad_id, pa
     clipped value loss joins the loss (x VF_COEF), mean over samples; targets: per sample (old
     value, value target)."""
     world = dist.get_world_size() if dist_on() else 1
-    keys = ("loss", "clip_frac", "kl_ref", "entropy", "tis_weight", "tis_trunc_frac", "grad_norm") + \
-        (("value_loss", "vf_clip_frac") if critic else ())
+    keys = ("loss", "clip_frac", "kl_ref", "entropy", "tis_weight", "tis_trunc_frac", "grad_norm") + (
+        ("value_loss", "vf_clip_frac") if critic else ()
+    )
     stats = {k: torch.zeros((), device=device) for k in keys}
     clip_high = cfg.clip_high or cfg.clip
     n_steps = 0
@@ -363,25 +394,47 @@ def update(model, opt, sched, samples, *, old, ref, adv, cfg, device, pad_id, pa
                 if mb is None:
                     dummy_pass(model, device).backward()
                     continue
-                logp, ent, v = score(model, make_batch(samples, mb, pad_id, packed), device, cfg.temperature,
-                                     entropy_grad=cfg.entropy_coef > 0, critic=critic)
-                cat = lambda xs: torch.cat([xs[i] for i in mb]).to(device)[None]   # noqa: E731
+                logp, ent, v = score(
+                    model,
+                    make_batch(samples, mb, pad_id, packed),
+                    device,
+                    cfg.temperature,
+                    entropy_grad=cfg.entropy_coef > 0,
+                    critic=critic,
+                )
+                cat = lambda xs: torch.cat([xs[i] for i in mb]).to(device)[None]  # noqa: E731
                 a = torch.cat([torch.full((len(samples[i].response_ids),), float(adv[i])) for i in mb])
                 m = torch.ones_like(logp)[None]
                 w = None
-                if cfg.tis_cap > 0:   # the engine's sampling policy vs the trainer's: see tis_weights
+                if cfg.tis_cap > 0:  # the engine's sampling policy vs the trainer's: see tis_weights
                     rollout_lp = torch.cat([torch.tensor(samples[i].logprobs) for i in mb]).to(device)[None]
                     w, trunc = tis_weights(cat(old), rollout_lp, cfg.tis_cap)
                     stats["tis_weight"] += w.sum() / n_tok
                     stats["tis_trunc_frac"] += trunc * len(logp) / n_tok
-                if cfg.loss == "gspo":   # one ratio per sequence: (B, T) rows of this micro-batch's samples
+                if cfg.loss == "gspo":  # one ratio per sequence: (B, T) rows of this micro-batch's samples
                     lens = [len(samples[i].response_ids) for i in mb]
-                    loss, pst = gspo_loss(rows(logp, lens), rows(cat(old)[0], lens), torch.tensor(
-                        [float(adv[i]) for i in mb], device=device), rows(m[0], lens), cfg.clip, clip_high, n_seq)
+                    loss, pst = gspo_loss(
+                        rows(logp, lens),
+                        rows(cat(old)[0], lens),
+                        torch.tensor([float(adv[i]) for i in mb], device=device),
+                        rows(m[0], lens),
+                        cfg.clip,
+                        clip_high,
+                        n_seq,
+                    )
                     stats["clip_frac"] += pst["clip_frac"] * len(mb) / n_seq
                 else:
-                    loss, pst = policy_loss(logp[None], cat(old), a.to(device)[None], m, cfg.clip,
-                                            DUAL_CLIP, token_count=n_tok, weights=w, clip_high=clip_high)
+                    loss, pst = policy_loss(
+                        logp[None],
+                        cat(old),
+                        a.to(device)[None],
+                        m,
+                        cfg.clip,
+                        DUAL_CLIP,
+                        token_count=n_tok,
+                        weights=w,
+                        clip_high=clip_high,
+                    )
                     stats["clip_frac"] += pst["clip_frac"] * len(logp) / n_tok
                 if critic:
                     t = torch.tensor(np.asarray([targets[i] for i in mb]), dtype=torch.float32, device=device)
@@ -412,7 +465,9 @@ def update(model, opt, sched, samples, *, old, ref, adv, cfg, device, pad_id, pa
     gn = stats.pop("grad_norm")  # already global; the rest are this rank's shares of global means
     vals = all_reduce(torch.stack(list(stats.values()))) / world
     return {k: float(v) / n_steps for k, v in zip(stats, vals)} | {
-        "grad_norm": float(gn) / n_steps, "optimizer_steps": n_steps}
+        "grad_norm": float(gn) / n_steps,
+        "optimizer_steps": n_steps,
+    }
 
 
 def rows(flat, lens):

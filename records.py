@@ -16,6 +16,7 @@ state and its step group (id and size). Evaluation steps have no advantages (nul
 Bounded: a prompt is cut to its last PROMPT_CHARS characters, and the file stops growing at
 LOG_MB MiB (one line says so); the viewer (`python plots.py OUT_DIR`) reads it.
 """
+
 import contextlib
 import dataclasses
 import errno
@@ -31,7 +32,7 @@ from checks import fail
 from fsdp import all_reduce
 
 PROMPT_CHARS = 4000
-LOG_MB = 100   # episodes.jsonl stops growing at this size, MiB
+LOG_MB = 100  # episodes.jsonl stops growing at this size, MiB
 
 
 def write_whole(path, text):
@@ -59,12 +60,14 @@ def append_lines(path, text):
         size, data = f.seek(0, os.SEEK_END), text.encode()
         try:
             done = 0
-            while done < len(data):   # an unbuffered write may write part and return its count
+            while done < len(data):  # an unbuffered write may write part and return its count
                 done += f.write(data[done:])
         except OSError as e:
             f.truncate(size)
-            fail(f"cannot write {path} ({os_error(e)}); it keeps whole lines only, and the last checkpoint "
-                 f"stays (--resume 1 goes on from it once fixed)")
+            fail(
+                f"cannot write {path} ({os_error(e)}); it keeps whole lines only, and the last checkpoint "
+                f"stays (--resume 1 goes on from it once fixed)"
+            )
 
 
 def advantage_parts(parts, ks):
@@ -73,10 +76,14 @@ def advantage_parts(parts, ks):
     advantage is adv_episode + step_weight * adv_step, where adv_step is GiGPO's A^S before the weight
     omega; grpo and rloo have no step term (0), ppo and reinforce_pp no episode term (0, and their
     whole advantage is adv_step, weight 1). ks: whole episode groups (their step groups' sizes count)."""
-    size = np.bincount(parts["step_group"])   # step group ids are dense
-    return {"step_return": parts["step_return"][ks], "adv_episode": parts["adv_episode"][ks],
-            "adv_step": parts["adv_step"][ks], "step_group": parts["step_group"][ks],
-            "step_group_size": size[parts["step_group"][ks]]}
+    size = np.bincount(parts["step_group"])  # step group ids are dense
+    return {
+        "step_return": parts["step_return"][ks],
+        "adv_episode": parts["adv_episode"][ks],
+        "adv_step": parts["adv_step"][ks],
+        "step_group": parts["step_group"][ks],
+        "step_group_size": size[parts["step_group"][ks]],
+    }
 
 
 def episodes(samples, tok, iteration, split, adv=None, parts=None, max_episodes=None):
@@ -91,14 +98,31 @@ def episodes(samples, tok, iteration, split, adv=None, parts=None, max_episodes=
         for k in ks:
             s = samples[k]
             prompt = tok.decode(s.prompt_ids, skip_special_tokens=False)
-            step = {"step": s.step, "prompt": prompt[-PROMPT_CHARS:], "response": tok.decode(s.response_ids),
-                    "action": s.action, "valid": s.valid, "reward": s.reward, "anchor": s.anchor}
+            step = {
+                "step": s.step,
+                "prompt": prompt[-PROMPT_CHARS:],
+                "response": tok.decode(s.response_ids),
+                "action": s.action,
+                "valid": s.valid,
+                "reward": s.reward,
+                "anchor": s.anchor,
+            }
             if parts is not None:
-                step |= {"adv": float(adv[k])} | {name: v[k].item() if hasattr(v[k], "item") else v[k]
-                                                  for name, v in parts.items()}
+                step |= {"adv": float(adv[k])} | {
+                    name: v[k].item() if hasattr(v[k], "item") else v[k] for name, v in parts.items()
+                }
             steps.append(step)
-        out.append({"iteration": iteration, "split": split, "group": samples[ks[0]].group, "traj": traj,
-                    "return": sum(x["reward"] for x in steps), "length": len(steps), "steps": steps})
+        out.append(
+            {
+                "iteration": iteration,
+                "split": split,
+                "group": samples[ks[0]].group,
+                "traj": traj,
+                "return": sum(x["reward"] for x in steps),
+                "length": len(steps),
+                "steps": steps,
+            }
+        )
     return out
 
 
@@ -116,7 +140,7 @@ class EpisodeLog:
                     try:
                         if json.loads(line)["iteration"] <= start:
                             kept.append(line)
-                    except (json.JSONDecodeError, KeyError):   # a line a crash cut short
+                    except (json.JSONDecodeError, KeyError):  # a line a crash cut short
                         pass
             write_whole(self.path, "".join(kept))
 
@@ -134,10 +158,36 @@ class EpisodeLog:
 
 def wandb_table(wandb, recs):
     """A wandb.Table of the steps of some episode records: one row per step."""
-    cols = ["iteration", "traj", "step", "observation", "response", "action", "valid", "reward", "adv_episode",
-            "adv_step", "adv"]
-    rows = [[r["iteration"], r["traj"], x["step"], x["anchor"], x["response"], x["action"], x["valid"], x["reward"],
-             x.get("adv_episode"), x.get("adv_step"), x.get("adv")] for r in recs for x in r["steps"]]
+    cols = [
+        "iteration",
+        "traj",
+        "step",
+        "observation",
+        "response",
+        "action",
+        "valid",
+        "reward",
+        "adv_episode",
+        "adv_step",
+        "adv",
+    ]
+    rows = [
+        [
+            r["iteration"],
+            r["traj"],
+            x["step"],
+            x["anchor"],
+            x["response"],
+            x["action"],
+            x["valid"],
+            x["reward"],
+            x.get("adv_episode"),
+            x.get("adv_step"),
+            x.get("adv"),
+        ]
+        for r in recs
+        for x in r["steps"]
+    ]
     return wandb.Table(columns=cols, data=rows)
 
 
@@ -170,33 +220,66 @@ def training_metrics(samples, trained, episodes, n_dead, adv, old):
     response tokens that have rollout log-probs (old: the training model's; DAPO's dynamic sampling
     may leave none) and their count, episodes lost to dead workers. The token means (of the
     collected samples) and adv_abs (of the trained ones) are this rank's."""
-    gap = torch.cat([torch.zeros(0)] + [(o - torch.tensor(s.logprobs)).abs() for o, s in zip(old, trained)
-                                        if s.logprobs is not None])   # vLLM: one sample in engine.LOGP_EVERY
+    gap = torch.cat(
+        [torch.zeros(0)]
+        + [(o - torch.tensor(s.logprobs)).abs() for o, s in zip(old, trained) if s.logprobs is not None]
+    )  # vLLM: one sample in engine.LOGP_EVERY
     lost = {e["group"] for e in episodes if not e["won"]}
     groups = {e["group"] for e in episodes}
-    sums = {"won": sum(e["won"] for e in episodes), "return": sum(e["return"] for e in episodes),
-            "groups": len(groups), "won_groups": len(groups - lost),
-            "length": sum(e["length"] for e in episodes), "episodes": len(episodes), "samples": len(samples),
-            "valid": sum(s.valid for s in samples), "gap": float(gap.sum()), "gap_tokens": len(gap),
-            "worker_died": n_dead}
+    sums = {
+        "won": sum(e["won"] for e in episodes),
+        "return": sum(e["return"] for e in episodes),
+        "groups": len(groups),
+        "won_groups": len(groups - lost),
+        "length": sum(e["length"] for e in episodes),
+        "episodes": len(episodes),
+        "samples": len(samples),
+        "valid": sum(s.valid for s in samples),
+        "gap": float(gap.sum()),
+        "gap_tokens": len(gap),
+        "worker_died": n_dead,
+    }
     tot = dict(zip(sums, all_reduce(torch.tensor(list(sums.values()), dtype=torch.float64)).tolist()))
-    return {"success": tot["won"] / tot["episodes"], "reward": tot["return"] / tot["episodes"],
-            "won_group_frac": tot["won_groups"] / tot["groups"],
-            "valid_ratio": tot["valid"] / tot["samples"], "episode_length": tot["length"] / tot["episodes"],
-            "samples": tot["samples"], "worker_died": tot["worker_died"],
-            "prompt_tokens": float(np.mean([len(s.prompt_ids) for s in samples])),
-            "response_tokens": float(np.mean([len(s.response_ids) for s in samples])),
-            "adv_abs": float(np.abs(adv).mean()) if len(adv) else 0.0,
-            "logp_gap": tot["gap"] / max(tot["gap_tokens"], 1)}
+    return {
+        "success": tot["won"] / tot["episodes"],
+        "reward": tot["return"] / tot["episodes"],
+        "won_group_frac": tot["won_groups"] / tot["groups"],
+        "valid_ratio": tot["valid"] / tot["samples"],
+        "episode_length": tot["length"] / tot["episodes"],
+        "samples": tot["samples"],
+        "worker_died": tot["worker_died"],
+        "prompt_tokens": float(np.mean([len(s.prompt_ids) for s in samples])),
+        "response_tokens": float(np.mean([len(s.response_ids) for s in samples])),
+        "adv_abs": float(np.abs(adv).mean()) if len(adv) else 0.0,
+        "logp_gap": tot["gap"] / max(tot["gap_tokens"], 1),
+    }
 
 
 # the metrics line's default keys (README, "Metrics"): what a reader needs to judge a run; eval_success/SET
 # (named eval sets) come with eval_success. --metrics all adds the rest: histograms, sub-timers,
 # throughput, update details.
-DEFAULT_METRICS = ("iteration", "success", "reward", "valid_ratio", "episode_length", "samples", "tokens",
-                   "zero_var_group_frac", "mean_step_group_size", "kl_ref", "entropy", "logp_gap", "loss",
-                   "grad_norm", "time_gen", "time_env", "time_update", "time_iteration", "eval_success",
-                   "wall")
+DEFAULT_METRICS = (
+    "iteration",
+    "success",
+    "reward",
+    "valid_ratio",
+    "episode_length",
+    "samples",
+    "tokens",
+    "zero_var_group_frac",
+    "mean_step_group_size",
+    "kl_ref",
+    "entropy",
+    "logp_gap",
+    "loss",
+    "grad_norm",
+    "time_gen",
+    "time_env",
+    "time_update",
+    "time_iteration",
+    "eval_success",
+    "wall",
+)
 
 
 def metrics_line(cfg, m):
@@ -204,11 +287,17 @@ def metrics_line(cfg, m):
     all; else DEFAULT_METRICS, eval_success/SET, and a feature's own keys while it is on."""
     if cfg.metrics == "all":
         return m
-    feature = {"tis_weight": cfg.tis_cap > 0, "tis_trunc_frac": cfg.tis_cap > 0,
-               "value_loss": cfg.algo == "ppo", "vf_clip_frac": cfg.algo == "ppo",
-               "dropped_groups": cfg.dynamic_sampling, "worker_died": cfg.env_workers > 0}
-    return {k: v for k, v in m.items()
-            if k in DEFAULT_METRICS or k.startswith("eval_success/") or feature.get(k)}
+    feature = {
+        "tis_weight": cfg.tis_cap > 0,
+        "tis_trunc_frac": cfg.tis_cap > 0,
+        "value_loss": cfg.algo == "ppo",
+        "vf_clip_frac": cfg.algo == "ppo",
+        "dropped_groups": cfg.dynamic_sampling,
+        "worker_died": cfg.env_workers > 0,
+    }
+    return {
+        k: v for k, v in m.items() if k in DEFAULT_METRICS or k.startswith("eval_success/") or feature.get(k)
+    }
 
 
 def show_progress(bar, m, it, wandb, line):
@@ -217,18 +306,26 @@ def show_progress(bar, m, it, wandb, line):
     if wandb:
         wandb.log({k: v for k, v in m.items() if isinstance(v, (int, float))}, step=it)
     ev = m["eval_success"]
-    bar.set_postfix(success=f"{m['success']:.2f}", reward=f"{m['reward']:.2f}", valid=f"{m['valid_ratio']:.2f}",
-                    eval=ev if ev is None else f"{ev:.2f}", refresh=False)
-    if line:   # from the default keys: "rest" is the iteration less generation, env and update
+    bar.set_postfix(
+        success=f"{m['success']:.2f}",
+        reward=f"{m['reward']:.2f}",
+        valid=f"{m['valid_ratio']:.2f}",
+        eval=ev if ev is None else f"{ev:.2f}",
+        refresh=False,
+    )
+    if line:  # from the default keys: "rest" is the iteration less generation, env and update
         dt = m["time_iteration"]
         rest = dt - m["time_gen"] - m["time_env"] - m["time_update"]
-        tqdm.write(f"it {it}: {int(m['samples'])} samples, {m['samples'] / dt:.0f} samples/s "
-                   f"| time gen {m['time_gen']:.2f}s env {m['time_env']:.2f}s update {m['time_update']:.2f}s "
-                   f"rest {rest:.2f}s | success {m['success']:.2f} valid {m['valid_ratio']:.2f} eval {ev}")
+        tqdm.write(
+            f"it {it}: {int(m['samples'])} samples, {m['samples'] / dt:.0f} samples/s "
+            f"| time gen {m['time_gen']:.2f}s env {m['time_env']:.2f}s update {m['time_update']:.2f}s "
+            f"rest {rest:.2f}s | success {m['success']:.2f} valid {m['valid_ratio']:.2f} eval {ev}"
+        )
 
 
 def open_wandb(cfg):
     """--wandb 1 (rank 0): a Weights & Biases run with the config, its files under out_dir."""
     import wandb
+
     wandb.init(project="gigpo", config=dataclasses.asdict(cfg), dir=cfg.out_dir)
     return wandb

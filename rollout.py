@@ -13,6 +13,7 @@ Two schedules, the same samples (the engine's interface: engine.py):
             generates for the others, so the env steps hide behind generation (--overlap, with env
             workers; vLLM batches continuously, the transformers engine generates what has arrived)
 """
+
 import time
 from dataclasses import dataclass
 
@@ -22,24 +23,26 @@ from tqdm import tqdm
 @dataclass
 class Sample:
     """One (env, step): one LLM call, one training sample."""
+
     prompt_ids: list
     response_ids: list
-    logprobs: list      # rollout log-probs of response_ids, one per token; None if not asked (LOGP_EVERY)
+    logprobs: list  # rollout log-probs of response_ids, one per token; None if not asked (LOGP_EVERY)
     reward: float
     done: bool
-    valid: bool         # did the response parse into an admissible action?
-    group: int          # episode group id (uid): envs that started from the same state
-    traj: int           # trajectory id, unique within the batch
-    anchor: str         # anchor key: the raw observation the action was taken in
+    valid: bool  # did the response parse into an admissible action?
+    group: int  # episode group id (uid): envs that started from the same state
+    traj: int  # trajectory id, unique within the batch
+    anchor: str  # anchor key: the raw observation the action was taken in
     step: int
-    action: str = ""    # what the env was sent (parsed from the response)
+    action: str = ""  # what the env was sent (parsed from the response)
 
 
 def render_prompts(tokenizer, messages):
     """Chat messages -> prompt token ids (the chat template is applied once, then one batch encode)."""
     if tokenizer.chat_template:
-        texts = [tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=False)
-                 for m in messages]
+        texts = [
+            tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=False) for m in messages
+        ]
     else:
         texts = ["\n".join(x["content"] for x in m) + "\n" for m in messages]
     return tokenizer(texts, add_special_tokens=False).input_ids
@@ -49,13 +52,27 @@ def check_fits(prompt_ids, max_tokens, max_len):
     """A prompt plus its reply must fit the model's context: else one line naming what shrinks it."""
     longest = max(map(len, prompt_ids))
     if max_len and longest + max_tokens > max_len:
-        raise SystemExit(f"error: a step's prompt is {longest} tokens and its reply up to {max_tokens}, over the "
-                         f"model's context of {max_len}: shorten it with --memory window (a smaller "
-                         f"--memory_k), fewer steps (--env_args max_steps=N) or --max_response_tokens")
+        raise SystemExit(
+            f"error: a step's prompt is {longest} tokens and its reply up to {max_tokens}, over the "
+            f"model's context of {max_len}: shorten it with --memory window (a smaller "
+            f"--memory_k), fewer steps (--env_args max_steps=N) or --max_response_tokens"
+        )
 
 
-def rollout(envs, engine, tokenizer, prompt, memories, group_seeds, temperature, top_p,
-            max_tokens, max_turns=1000, desc=None, overlap=False):
+def rollout(
+    envs,
+    engine,
+    tokenizer,
+    prompt,
+    memories,
+    group_seeds,
+    temperature,
+    top_p,
+    max_tokens,
+    max_turns=1000,
+    desc=None,
+    overlap=False,
+):
     """Play one batch of episodes to the end -> (samples, episodes, timings).
 
     envs: GroupedEnvs; memories: one per env; group_seeds: one per group. Envs that finished are
@@ -72,33 +89,43 @@ def rollout(envs, engine, tokenizer, prompt, memories, group_seeds, temperature,
     timing["env"] += time.perf_counter() - t_start
     for mem, info in zip(memories, infos):
         mem.reset(info["task"])
-    episodes = [{"won": False, "return": 0.0, "length": 0, "invalid": 0, "group": envs.group_of(i)}
-                for i in range(len(obs))]
-    overlap = overlap and envs.workers > 0   # in-process envs step at once: nothing to hide
-    samples, asked, steps = [], {}, [0] * len(obs)   # asked: env -> its prompt ids at the engine
+    episodes = [
+        {"won": False, "return": 0.0, "length": 0, "invalid": 0, "group": envs.group_of(i)}
+        for i in range(len(obs))
+    ]
+    overlap = overlap and envs.workers > 0  # in-process envs step at once: nothing to hide
+    samples, asked, steps = [], {}, [0] * len(obs)  # asked: env -> its prompt ids at the engine
     bar = tqdm(desc=desc, unit="step", leave=False, disable=desc is None)
 
-    def ask(ready):   # the next prompts of these envs, built in env order, to the engine
+    def ask(ready):  # the next prompts of these envs, built in env order, to the engine
         ready = [i for i in sorted(ready) if steps[i] < max_turns]
         if not ready:
             return
-        ids = render_prompts(tokenizer, [prompt.build(infos[i]["task"], memories[i].text(), obs[i],
-                                                      infos[i]["admissible_actions"], steps[i]) for i in ready])
+        ids = render_prompts(
+            tokenizer,
+            [
+                prompt.build(
+                    infos[i]["task"], memories[i].text(), obs[i], infos[i]["admissible_actions"], steps[i]
+                )
+                for i in ready
+            ],
+        )
         check_fits(ids, max_tokens, engine.max_len)
         for i, p_ids in zip(ready, ids):
             asked[i] = p_ids
             engine.submit(i, p_ids, temperature, top_p, max_tokens)
 
     ask(range(len(obs)))
-    stepping = {}   # env -> (prompt ids, response ids, log-probs, action, valid) while its env steps
+    stepping = {}  # env -> (prompt ids, response ids, log-probs, action, valid) while its env steps
     while asked or stepping:
         t0 = time.perf_counter()
         replies = engine.poll(wait_all=not overlap) if asked else []
         timing["gen"] += time.perf_counter() - t0
         actions = {}
         for i, ids, lps in replies:
-            action, valid = prompt.parse(tokenizer.decode(ids, skip_special_tokens=True),
-                                         infos[i]["admissible_actions"])
+            action, valid = prompt.parse(
+                tokenizer.decode(ids, skip_special_tokens=True), infos[i]["admissible_actions"]
+            )
             stepping[i], actions[i] = (asked.pop(i), ids, lps, action, valid), action
         envs.send(actions)
         t0 = time.perf_counter()
@@ -108,8 +135,21 @@ def rollout(envs, engine, tokenizer, prompt, memories, group_seeds, temperature,
         for i, (new_obs, reward, term, trunc, info) in sorted(results.items()):
             p_ids, ids, lps, action, valid = stepping.pop(i)
             reward = float(reward)
-            samples.append(Sample(p_ids, ids, lps, reward, term or trunc, valid, envs.group_of(i), i,
-                                  str(infos[i].get("anchor", obs[i])), steps[i], action))
+            samples.append(
+                Sample(
+                    p_ids,
+                    ids,
+                    lps,
+                    reward,
+                    term or trunc,
+                    valid,
+                    envs.group_of(i),
+                    i,
+                    str(infos[i].get("anchor", obs[i])),
+                    steps[i],
+                    action,
+                )
+            )
             memories[i].add(obs[i], action, reward)
             ep = episodes[i]
             ep["return"] += reward
@@ -117,12 +157,14 @@ def rollout(envs, engine, tokenizer, prompt, memories, group_seeds, temperature,
             ep["invalid"] += not valid
             ep["won"] = bool(info.get("won", False))
             ep["task_type"] = info.get("task_type")  # for per-type eval results (ALFWorld)
-            ep["worker_died"] = bool(info.get("worker_died"))   # cut short by a dead env worker
+            ep["worker_died"] = bool(info.get("worker_died"))  # cut short by a dead env worker
             obs[i], infos[i], steps[i] = new_obs, info, steps[i] + 1
             bar.update()
         ask([i for i, (_, _, term, trunc, _) in results.items() if not (term or trunc)])
         if desc:
-            bar.set_postfix(active=len(asked) + len(stepping), won=sum(e["won"] for e in episodes), refresh=False)
+            bar.set_postfix(
+                active=len(asked) + len(stepping), won=sum(e["won"] for e in episodes), refresh=False
+            )
     bar.close()
     samples.sort(key=lambda s: (s.step, s.traj))
     timing["other"] = time.perf_counter() - t_start - timing["gen"] - timing["env"]

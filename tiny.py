@@ -6,6 +6,7 @@ Shape (why): hidden 64 with 2 heads gives head_dim 32 (vLLM's CPU attention need
 std 0.1, not HF's 0.02 -- at 0.02 attention starts near-uniform and the model long cannot tell
 which digit is which coordinate (a measured plateau); tied embeddings keep it at ~0.1M parameters.
 """
+
 import json
 import os
 import random
@@ -14,9 +15,10 @@ from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, tr
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 SPECIALS = ["<pad>", "<eos>", "<unk>"]
-HIDDEN, LAYERS, HEADS = 64, 2, 2   # the default model's shape (above: why); a test of another builds it here
-CHAT_TEMPLATE = ("{% for m in messages %}{{ m['content'] }} {% endfor %}"
-                 "{% if add_generation_prompt %}act{% endif %}")
+HIDDEN, LAYERS, HEADS = 64, 2, 2  # the default model's shape (above: why); a test of another builds it here
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['content'] }} {% endfor %}{% if add_generation_prompt %}act{% endif %}"
+)
 
 
 def corpus(env_name, episodes=200, seed=0, env_kwargs=None):
@@ -26,6 +28,7 @@ def corpus(env_name, episodes=200, seed=0, env_kwargs=None):
     from envs import make_env
     from memory import MEMORIES, make_memory
     from prompts import prompt_module
+
     env, prompt, rng = make_env(env_name, **(env_kwargs or {})), prompt_module(env_name), random.Random(seed)
     yield "act"
     for ep in range(episodes):
@@ -39,7 +42,7 @@ def corpus(env_name, episodes=200, seed=0, env_kwargs=None):
             for m in mems:
                 for msg in prompt.build(info["task"], m.text(), obs, info["admissible_actions"], step):
                     yield msg["content"]
-            action = rng.choice(info["admissible_actions"] or [""])   # none listed: the empty (no-op) action
+            action = rng.choice(info["admissible_actions"] or [""])  # none listed: the empty (no-op) action
             new_obs, r, term, trunc, info = env.step(action)
             for m in mems:
                 m.add(obs, action, r)
@@ -63,29 +66,52 @@ def is_tiny(model):
 
 def build_tokenizer(env_name, env_kwargs=None):
     tok = Tokenizer(models.WordLevel(unk_token="<unk>"))
-    tok.normalizer = normalizers.Replace(Regex(r"[(),]"), "")  # "at (1, 3)" -> "at 1 3": 7 prompt tokens, not 16
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Punctuation("isolated"),
-        pre_tokenizers.Digits(individual_digits=True)])
-    from envs import env_module   # an env with slow resets (ALFWorld) sets fewer corpus episodes; unseen words -> <unk>
-    episodes = getattr(env_module(env_name), "TINY_CORPUS_EPISODES", 200)   # the optional hook (envs/__init__.py)
-    tok.train_from_iterator(corpus(env_name, episodes, env_kwargs=env_kwargs),
-                            trainers.WordLevelTrainer(special_tokens=SPECIALS))
-    hf = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>",
-                                 unk_token="<unk>")
+    tok.normalizer = normalizers.Replace(
+        Regex(r"[(),]"), ""
+    )  # "at (1, 3)" -> "at 1 3": 7 prompt tokens, not 16
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.WhitespaceSplit(),
+            pre_tokenizers.Punctuation("isolated"),
+            pre_tokenizers.Digits(individual_digits=True),
+        ]
+    )
+    from envs import (
+        env_module,
+    )  # an env with slow resets (ALFWorld) sets fewer corpus episodes; unseen words -> <unk>
+
+    episodes = getattr(
+        env_module(env_name), "TINY_CORPUS_EPISODES", 200
+    )  # the optional hook (envs/__init__.py)
+    tok.train_from_iterator(
+        corpus(env_name, episodes, env_kwargs=env_kwargs), trainers.WordLevelTrainer(special_tokens=SPECIALS)
+    )
+    hf = PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>"
+    )
     hf.chat_template = CHAT_TEMPLATE
     return hf
 
 
-def build_tiny(env_name="treasure", hidden=HIDDEN, layers=LAYERS, heads=HEADS, init_std=0.1, seed=0,
-               env_kwargs=None):
+def build_tiny(
+    env_name="treasure", hidden=HIDDEN, layers=LAYERS, heads=HEADS, init_std=0.1, seed=0, env_kwargs=None
+):
     import torch
+
     tokenizer = build_tokenizer(env_name, env_kwargs)
     config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=4 * hidden,
-        num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads,
-        max_position_embeddings=1024, initializer_range=init_std, tie_word_embeddings=True,
-        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=tokenizer.eos_token_id)
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        intermediate_size=4 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        max_position_embeddings=1024,
+        initializer_range=init_std,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.eos_token_id,
+    )
     torch.manual_seed(seed)
     return LlamaForCausalLM(config), tokenizer

@@ -22,6 +22,7 @@ main() runs these numbered sections once per iteration:
                   ckpt/ and model/ never lead the log; wandb, the progress bar
 Below main: the helpers of its sections, then the command line (parse_args; its checks: checks.py).
 """
+
 import contextlib
 import copy
 import dataclasses
@@ -41,85 +42,112 @@ from tqdm import tqdm
 import gigpo
 import records
 from baselines import overlong_rewards, silent_groups
+from checkpoint import (
+    checkpoint_path,
+    claim_out_dir,
+    interrupted,
+    kept_log,
+    load_checkpoint,
+    open_metrics_log,
+    save,
+)
 from checks import check_config, fail, first_line
+from engine import LOGP_EVERY, make_engine
 from envs import GroupedEnvs, parse_env_args
+from evaluate import HELD_OUT, eval_plan, eval_what, evaluate, headline, random_policy_success, success_text
+from fsdp import (
+    PACKED_ATTN,
+    add_lora,
+    all_finite,
+    all_gather,
+    all_reduce,
+    attn_implementation,
+    balance_tokens,
+    dist_on,
+    finish_dist,
+    full_parameters,
+    setup_dist,
+    shard,
+)
 from memory import make_memory
 from ppo import Critic, logprobs, state_values, update
 from prompts import prompt_module
-from tiny import is_tiny
-from evaluate import HELD_OUT, eval_plan, eval_what, evaluate, headline, random_policy_success, success_text
-from checkpoint import (checkpoint_path, claim_out_dir, interrupted, kept_log, load_checkpoint, open_metrics_log,
-                        save)
-from fsdp import (PACKED_ATTN, add_lora, all_finite, all_gather, all_reduce, attn_implementation, balance_tokens,
-                  dist_on, finish_dist, full_parameters, setup_dist, shard)
-from engine import LOGP_EVERY, make_engine
 from rollout import rollout
+from tiny import is_tiny
 
 
 @dataclass
 class Config:
     # env, memory, groups
-    env: str = "treasure"          # env name, see envs/__init__.py
-    env_args: str = ""             # env constructor arguments, e.g. "size=6,walls=3,progress=0" (treasure)
-    memory: str = "none"           # none | window | full | visited (memory.py); the game is Markov
-    memory_k: int = 0              # window length / positions shown; 0 = the memory's default (window: 2)
-    n_groups: int = 32             # episode groups per iteration (paper: 16)
-    group_size: int = 8            # envs per group, all started from the same seed (paper: 8)
-    env_workers: int = 0           # env worker processes; 0 = step in-process (fine for the toy game)
-    overlap: bool = True           # with env workers: step envs while the engine generates for others (rollout.py)
+    env: str = "treasure"  # env name, see envs/__init__.py
+    env_args: str = ""  # env constructor arguments, e.g. "size=6,walls=3,progress=0" (treasure)
+    memory: str = "none"  # none | window | full | visited (memory.py); the game is Markov
+    memory_k: int = 0  # window length / positions shown; 0 = the memory's default (window: 2)
+    n_groups: int = 32  # episode groups per iteration (paper: 16)
+    group_size: int = 8  # envs per group, all started from the same seed (paper: 8)
+    env_workers: int = 0  # env worker processes; 0 = step in-process (fine for the toy game)
+    overlap: bool = True  # with env workers: step envs while the engine generates for others (rollout.py)
     # model and generation
-    model: str = "tiny"            # "tiny" = built here from scratch (tiny.py), or an HF name/path
-    prompt: str = ""               # a prompt variant of prompts/<env>.py (build_NAME), e.g. "choice" (ALFWorld:
-                                   # answer with an action's number); "" = the tiny model's or the chat prompt
-    temperature: float = 1.0       # rollout sampling temperature (paper: 1.0)
-    max_response_tokens: int = 1   # tokens per step response: the tiny model says one word (paper: 512)
-    engine: str = "auto"           # auto (hf for a model under 10M parameters on CPU, e.g. the tiny default; else
-                                   # vllm where it imports and serves the model, else hf) | hf | vllm (rollout.py)
-    kv_cache_mb: int = 1024        # vLLM on CPU (or GPU with --gpu_memory_utilization 0): KV cache size, MiB
+    model: str = "tiny"  # "tiny" = built here from scratch (tiny.py), or an HF name/path
+    prompt: str = ""  # a prompt variant of prompts/<env>.py (build_NAME), e.g. "choice" (ALFWorld:
+    # answer with an action's number); "" = the tiny model's or the chat prompt
+    temperature: float = 1.0  # rollout sampling temperature (paper: 1.0)
+    max_response_tokens: int = 1  # tokens per step response: the tiny model says one word (paper: 512)
+    engine: str = "auto"  # auto (hf for a model under 10M parameters on CPU, e.g. the tiny default; else
+    # vllm where it imports and serves the model, else hf) | hf | vllm (rollout.py)
+    kv_cache_mb: int = 1024  # vLLM on CPU (or GPU with --gpu_memory_utilization 0): KV cache size, MiB
     gpu_memory_utilization: float = 0.3  # vLLM on GPU: share of GPU memory it takes (weights + KV cache);
-                                   # 0 = a fixed --kv_cache_mb cache, no start-up profiling (runs sharing a GPU)
+    # 0 = a fixed --kv_cache_mb cache, no start-up profiling (runs sharing a GPU)
     # algorithm (gigpo.py; its fixed values, the paper's, by advantages() below: gamma, omega, penalty)
-    algo: str = "gigpo"            # gigpo | grpo | rloo | ppo (a learned critic) | reinforce_pp (gigpo.ALGOS)
-    tied_step: bool = True         # A^S also in episode groups whose scores all tie (paper); 0 = ablation: not there
-    norm: str = "mean_norm"        # mean_norm (paper "w/o std") | mean_std_norm ("w/ std"; plateaus here, LOG.md)
-    similarity: float = 0.0        # 0 = exact anchor match; else difflib ratio threshold for step groups
+    algo: str = "gigpo"  # gigpo | grpo | rloo | ppo (a learned critic) | reinforce_pp (gigpo.ALGOS)
+    tied_step: bool = True  # A^S also in episode groups whose scores all tie (paper); 0 = ablation: not there
+    norm: str = "mean_norm"  # mean_norm (paper "w/o std") | mean_std_norm ("w/ std"; plateaus here, LOG.md)
+    similarity: float = 0.0  # 0 = exact anchor match; else difflib ratio threshold for step groups
     # optimisation
-    iterations: int = 250          # training iterations (paper: 150)
-    lr: float = 3e-3               # peak learning rate (paper: 1e-6 for 1.5B)
-    lr_min: float = 0.1            # cosine decay to lr * lr_min at the end; 1.0 = constant (paper)
-    weight_decay: float = 0.0      # AdamW weight decay (paper: 0.01)
-    clip: float = 0.2              # PPO clip epsilon, the ratio's lower side 1 - clip (paper: 0.2; GSPO: 3e-4)
-    clip_high: float = 0.0         # upper side 1 + clip_high; 0 = --clip (DAPO's clip-higher: 0.28; GSPO: 4e-4)
-    loss: str = "ppo"              # ppo (token ratio) | gspo (one ratio per sequence; pass GSPO's --clip/--clip_high)
-    dynamic_sampling: bool = False # DAPO: drop episode groups whose advantages are all 0 (scores tie), no refill
-    kl_coef: float = 0.0           # k3 KL to the frozen initial model; 0 = no reference (paper: 0.01)
-    entropy_coef: float = 0.0      # entropy bonus (paper: 0.001)
-    tis_cap: float = 0.0           # > 0: truncated importance sampling, token loss x min(pi_old / pi_rollout, cap) (verl: 2)
-    mini_batch: int = 512          # step samples per optimizer step (paper: 256)
-    micro_batch_tokens: int = 8192 # tokens per forward/backward (padded rows on CPU, packed rows on GPU)
-    grad_ckpt: bool = False        # activation checkpointing (saves memory on big models, costs ~1/3 more compute)
-    compile: str = "auto"          # 1: torch.compile each decoder layer of the trainer and, on GPU, vLLM's model | 0 |
-                                   # auto: 1 where vLLM generates on a GPU without --lora_rank, else 0 (docs/training.md)
-    lora_rank: int = 0             # > 0: train LoRA adapters of this rank (peft, all linear layers) instead of all weights
+    iterations: int = 250  # training iterations (paper: 150)
+    lr: float = 3e-3  # peak learning rate (paper: 1e-6 for 1.5B)
+    lr_min: float = 0.1  # cosine decay to lr * lr_min at the end; 1.0 = constant (paper)
+    weight_decay: float = 0.0  # AdamW weight decay (paper: 0.01)
+    clip: float = 0.2  # PPO clip epsilon, the ratio's lower side 1 - clip (paper: 0.2; GSPO: 3e-4)
+    clip_high: float = 0.0  # upper side 1 + clip_high; 0 = --clip (DAPO's clip-higher: 0.28; GSPO: 4e-4)
+    loss: str = "ppo"  # ppo (token ratio) | gspo (one ratio per sequence; pass GSPO's --clip/--clip_high)
+    dynamic_sampling: bool = (
+        False  # DAPO: drop episode groups whose advantages are all 0 (scores tie), no refill
+    )
+    kl_coef: float = 0.0  # k3 KL to the frozen initial model; 0 = no reference (paper: 0.01)
+    entropy_coef: float = 0.0  # entropy bonus (paper: 0.001)
+    tis_cap: float = (
+        0.0  # > 0: truncated importance sampling, token loss x min(pi_old / pi_rollout, cap) (verl: 2)
+    )
+    mini_batch: int = 512  # step samples per optimizer step (paper: 256)
+    micro_batch_tokens: int = 8192  # tokens per forward/backward (padded rows on CPU, packed rows on GPU)
+    grad_ckpt: bool = False  # activation checkpointing (saves memory on big models, costs ~1/3 more compute)
+    compile: str = (
+        "auto"  # 1: torch.compile each decoder layer of the trainer and, on GPU, vLLM's model | 0 |
+    )
+    # auto: 1 where vLLM generates on a GPU without --lora_rank, else 0 (docs/training.md)
+    lora_rank: int = (
+        0  # > 0: train LoRA adapters of this rank (peft, all linear layers) instead of all weights
+    )
     # evaluation, logging, io
-    eval_every: int = 5            # evaluate (evaluate.py) every k iterations (and at the end)
-    eval_episodes: int = 256       # held-out seeds 10**9 + [0, n): the same set every run
+    eval_every: int = 5  # evaluate (evaluate.py) every k iterations (and at the end)
+    eval_episodes: int = 256  # held-out seeds 10**9 + [0, n): the same set every run
     eval_temperature: float = 0.0  # 0 = greedy (paper: 0.4 sampled)
-    seed: int = 0                  # seeds torch, python and the training env seeds (train_seed)
-    threads: int = 1               # torch CPU threads; 1: the tiny model's ops are too small to split, and 2 on a
-                                   # loaded 2-core machine made default iterations 7x slower (docs/training.md)
-    device: str = "auto"           # auto | cpu | cuda
-    out_dir: str = "out"           # metrics.jsonl, episodes.jsonl, ckpt/ (to resume), model/ (HF format)
-    wandb: bool = False            # log to Weights & Biases (rank 0): metrics, and a table of episodes at each eval
-    metrics: str = "default"       # metrics.jsonl keys: default (what judges a run) | all (+ histograms,
-                                   # sub-timers, throughput, update details; README, "Metrics")
-    log_groups: int = 1            # whole episodes to out_dir/episodes.jsonl: this many training groups per iteration,
-                                   # 8x this many episodes per eval set (records.py); 0 = none
-    resume: bool = False           # continue from out_dir/ckpt (same config; --iterations may grow)
-    time_limit: float = 0.0        # minutes of this call's training: stop at the first iteration past them,
-                                   # evaluated and saved as at the end (--resume goes on); 0 = none
-    eval_only: bool = False        # load --model, evaluate it (as above), print the result, exit
-    eval_sets: str = ""            # envs with named eval sets (alfworld): comma-separated names to run; "" = all
+    seed: int = 0  # seeds torch, python and the training env seeds (train_seed)
+    threads: int = 1  # torch CPU threads; 1: the tiny model's ops are too small to split, and 2 on a
+    # loaded 2-core machine made default iterations 7x slower (docs/training.md)
+    device: str = "auto"  # auto | cpu | cuda
+    out_dir: str = "out"  # metrics.jsonl, episodes.jsonl, ckpt/ (to resume), model/ (HF format)
+    wandb: bool = False  # log to Weights & Biases (rank 0): metrics, and a table of episodes at each eval
+    metrics: str = "default"  # metrics.jsonl keys: default (what judges a run) | all (+ histograms,
+    # sub-timers, throughput, update details; README, "Metrics")
+    log_groups: int = 1  # whole episodes to out_dir/episodes.jsonl: this many training groups per iteration,
+    # 8x this many episodes per eval set (records.py); 0 = none
+    resume: bool = False  # continue from out_dir/ckpt (same config; --iterations may grow)
+    time_limit: float = 0.0  # minutes of this call's training: stop at the first iteration past them,
+    # evaluated and saved as at the end (--resume goes on); 0 = none
+    eval_only: bool = False  # load --model, evaluate it (as above), print the result, exit
+    eval_sets: str = ""  # envs with named eval sets (alfworld): comma-separated names to run; "" = all
 
 
 # Per-env presets: `--env NAME` applies its Config values first, then the flags (which still override).
@@ -127,12 +155,30 @@ PRESETS = {
     # the paper's ALFWorld setup: Qwen2.5-1.5B-Instruct, 16 groups x 8 envs of one game each, window
     # memory k = 2, 512 response tokens, constant lr 1e-6, KL 0.01, entropy 0.001, mean_std_norm, 150
     # iterations; evaluation at T = 0.4 on the whole valid_seen / valid_unseen splits every 10
-    "alfworld": dict(model="Qwen/Qwen2.5-1.5B-Instruct", memory="window", memory_k=2, n_groups=16, group_size=8,
-                     env_workers=8, max_response_tokens=512, temperature=1.0, eval_temperature=0.4, iterations=150,
-                     lr=1e-6, lr_min=1.0, weight_decay=0.01, kl_coef=0.01, entropy_coef=0.001, mini_batch=256,
-                     norm="mean_std_norm", eval_every=10, eval_episodes=140, micro_batch_tokens=16384),
+    "alfworld": dict(
+        model="Qwen/Qwen2.5-1.5B-Instruct",
+        memory="window",
+        memory_k=2,
+        n_groups=16,
+        group_size=8,
+        env_workers=8,
+        max_response_tokens=512,
+        temperature=1.0,
+        eval_temperature=0.4,
+        iterations=150,
+        lr=1e-6,
+        lr_min=1.0,
+        weight_decay=0.01,
+        kl_coef=0.01,
+        entropy_coef=0.001,
+        mini_batch=256,
+        norm="mean_std_norm",
+        eval_every=10,
+        eval_episodes=140,
+        micro_batch_tokens=16384,
+    ),
 }
-TOP_P = 1.0   # rollout nucleus sampling: off, the whole distribution (paper: 1.0)
+TOP_P = 1.0  # rollout nucleus sampling: off, the whole distribution (paper: 1.0)
 
 
 def main(argv=None):
@@ -140,9 +186,12 @@ def main(argv=None):
     final eval success on rank 0 (None on the others)."""
     cfg = parse_args(sys.argv[1:] if argv is None else argv)
     check_config(cfg)
-    meta = claim_out_dir(cfg)   # out_dir locked; a fresh run never writes over a run
-    kept = kept_log(os.path.join(cfg.out_dir, "metrics.jsonl"), meta["iteration"], meta.get("metrics_line")) \
-        if meta else []
+    meta = claim_out_dir(cfg)  # out_dir locked; a fresh run never writes over a run
+    kept = (
+        kept_log(os.path.join(cfg.out_dir, "metrics.jsonl"), meta["iteration"], meta.get("metrics_line"))
+        if meta
+        else []
+    )
     rank, world, device = setup_dist(cfg)
     if cfg.n_groups % world:
         fail(f"--n_groups {cfg.n_groups} must divide over {world} ranks (each owns whole groups)")
@@ -150,33 +199,49 @@ def main(argv=None):
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed + rank)
     random.seed(cfg.seed + rank)
-    prompt = prompt_module(cfg.env, chat=not is_tiny(cfg.model), variant=cfg.prompt)   # a pretrained model: instructions
+    prompt = prompt_module(
+        cfg.env, chat=not is_tiny(cfg.model), variant=cfg.prompt
+    )  # a pretrained model: instructions
     # the held-out seeds' envs (named eval sets, e.g. ALFWorld's splits, make their own in evaluate)
     env_args = parse_env_args(cfg.env, cfg.env_args)
-    eval_envs = GroupedEnvs(cfg.env, cfg.eval_episodes, 1, workers=cfg.env_workers, **env_args) \
-        if rank == 0 and "held-out" in eval_plan(cfg) else None
+    eval_envs = (
+        GroupedEnvs(cfg.env, cfg.eval_episodes, 1, workers=cfg.env_workers, **env_args)
+        if rank == 0 and "held-out" in eval_plan(cfg)
+        else None
+    )
     if cfg.eval_only:
         return evaluate_only(cfg, rank, device, eval_envs, prompt)
     envs = GroupedEnvs(cfg.env, cfg.n_groups // world, cfg.group_size, workers=cfg.env_workers, **env_args)
     print0(f"config: {json.dumps(dataclasses.asdict(cfg))}\n{batch_arithmetic(cfg, world, envs)}")
     model, tok, ref, engine, gen_model, packed = build_policy(cfg, device, world, print0)
     opt, sched = make_optimizer(cfg, model, device)
-    critic = Critic(model.config.hidden_size, device, lambda head: make_optimizer(cfg, head, device)) \
-        if cfg.algo == "ppo" else None            # --algo ppo: a value head, outside the sharded model (ppo.py)
-    extra = {"critic": critic} if critic else None   # saved and resumed with the checkpoint
+    critic = (
+        Critic(model.config.hidden_size, device, lambda head: make_optimizer(cfg, head, device))
+        if cfg.algo == "ppo"
+        else None
+    )  # --algo ppo: a value head, outside the sharded model (ppo.py)
+    extra = {"critic": critic} if critic else None  # saved and resumed with the checkpoint
     start = resume(cfg, meta, model, opt, sched, rank, extra, engine, print0) if meta else 0
     baseline = random_policy_success(cfg, eval_envs) if rank == 0 else None
-    print0(f"random policy on the eval episodes ({eval_what(cfg).split(',')[0]}): success "
-           f"{baseline and success_text(baseline)}")
+    print0(
+        f"random policy on the eval episodes ({eval_what(cfg).split(',')[0]}): success "
+        f"{baseline and success_text(baseline)}"
+    )
     log = open_metrics_log(cfg.out_dir, kept, start) if rank == 0 else None
     wandb = records.open_wandb(cfg) if cfg.wandb and rank == 0 else None
     episode_log = records.EpisodeLog(cfg.out_dir, records.LOG_MB, start) if rank == 0 else None
-    shown = []   # this iteration's recorded training episodes: wandb's table at the next eval
+    shown = []  # this iteration's recorded training episodes: wandb's table at the next eval
     t_run = time.perf_counter()
-    eval_success, eval_rates = None, {}   # the headline; every set (and task type) on its own
-    saved = start                          # the iteration ckpt/ and model/ hold
-    bar = tqdm(range(start + 1, cfg.iterations + 1), desc="train", dynamic_ncols=True, disable=rank != 0,
-               initial=start, total=cfg.iterations)
+    eval_success, eval_rates = None, {}  # the headline; every set (and task type) on its own
+    saved = start  # the iteration ckpt/ and model/ hold
+    bar = tqdm(
+        range(start + 1, cfg.iterations + 1),
+        desc="train",
+        dynamic_ncols=True,
+        disable=rank != 0,
+        initial=start,
+        total=cfg.iterations,
+    )
     for it in bar:
         timer = records.Timer()
         # 1. collect: this rank's groups, each from its own seed; every env step is a sample
@@ -192,47 +257,88 @@ def main(argv=None):
         trained, adv, targets = balance_tokens([samples[k] for k in keep], parts["adv"][keep], targets[keep])
         # 3. update: old (and reference) log-probs by the training model, then the clipped step
         with timer("sync"):
-            engine.sleep()                              # vLLM on GPU: its memory goes to the update
+            engine.sleep()  # vLLM on GPU: its memory goes to the update
         old, upd = update_policy(cfg, model, ref, opt, sched, critic, trained, adv, targets, lp, timer)
         stop_if_not_finite(model, critic, upd, it, cfg, saved)
-        if rank == 0 and cfg.log_groups:   # written once the update is known finite, like everything else
+        if rank == 0 and cfg.log_groups:  # written once the update is known finite, like everything else
             episode_log.write(shown)
         # 4. push weights into the engine (and reset its prefix cache)
         with timer("sync"):
             engine.wake()
             engine.push_weights(full_parameters(model))
         # 5. eval, every eval_every and at the end (rank 0; a few episodes of each set recorded)
-        out_of_time = cfg.time_limit > 0 and all_reduce(time.perf_counter() - t_run, "max") > 60 * cfg.time_limit
+        out_of_time = (
+            cfg.time_limit > 0 and all_reduce(time.perf_counter() - t_run, "max") > 60 * cfg.time_limit
+        )
         checkpoint = it % cfg.eval_every == 0 or it == cfg.iterations or out_of_time
         if checkpoint and rank == 0:
-            eval_rates = evaluate(tok, cfg, eval_envs, prompt, engine, iteration=it, on_samples=lambda name, s:
-                                  episode_log.write(records.episodes(s, tok, it, name, max_episodes=8 * cfg.log_groups)))
+            eval_rates = evaluate(
+                tok,
+                cfg,
+                eval_envs,
+                prompt,
+                engine,
+                iteration=it,
+                on_samples=lambda name, s: episode_log.write(
+                    records.episodes(s, tok, it, name, max_episodes=8 * cfg.log_groups)
+                ),
+            )
             eval_success = headline(eval_rates)
             if wandb and shown:
                 wandb.log({"episodes": records.wandb_table(wandb, shown)}, step=it)
         # 6. log: the metrics line first, then the checkpoint (ckpt/ and model/ never lead the log)
-        m = metrics(cfg, it, samples, trained, episodes, n_dead, adv, old, sched, {**adv_stats, **upd}, timing,
-                    timer, eval_success, eval_rates, time.perf_counter() - t_run)
+        m = metrics(
+            cfg,
+            it,
+            samples,
+            trained,
+            episodes,
+            n_dead,
+            adv,
+            old,
+            sched,
+            {**adv_stats, **upd},
+            timing,
+            timer,
+            eval_success,
+            eval_rates,
+            time.perf_counter() - t_run,
+        )
         if rank == 0:
             records.append_lines(log, json.dumps(m) + "\n")
         if checkpoint:
-            save(cfg.out_dir, it, model, tok, opt, sched, rank, dataclasses.asdict(cfg), gen_model, extra,
-                 metrics_line=json.dumps(m))
+            save(
+                cfg.out_dir,
+                it,
+                model,
+                tok,
+                opt,
+                sched,
+                rank,
+                dataclasses.asdict(cfg),
+                gen_model,
+                extra,
+                metrics_line=json.dumps(m),
+            )
             saved = it
         if rank == 0:
             records.show_progress(bar, m, it, wandb, line=it == start + 1 or it % cfg.eval_every == 0)
         if out_of_time and it < cfg.iterations:
-            print0(f"--time_limit {cfg.time_limit:g} min reached: stopped after iteration {it} of "
-                   f"{cfg.iterations} (--resume 1 goes on)")
+            print0(
+                f"--time_limit {cfg.time_limit:g} min reached: stopped after iteration {it} of "
+                f"{cfg.iterations} (--resume 1 goes on)"
+            )
             break
     bar.close()
     envs.close()
     if rank == 0:
-        if eval_success is None:   # resumed at the end: nothing trained, still report
+        if eval_success is None:  # resumed at the end: nothing trained, still report
             eval_rates = evaluate(tok, cfg, eval_envs, prompt, engine, iteration=start)
         eval_envs and eval_envs.close()
         print(f"done in {time.perf_counter() - t_run:.0f}s; model saved to {cfg.out_dir}/model")
-        print(f"held-out success {success_text(eval_rates)} ({eval_what(cfg)}; random policy {success_text(baseline)})")
+        print(
+            f"held-out success {success_text(eval_rates)} ({eval_what(cfg)}; random policy {success_text(baseline)})"
+        )
     finish_dist(engine)
     return headline(eval_rates) if rank == 0 else None
 
@@ -254,15 +360,27 @@ def collect(cfg, envs, engine, tok, prompt, it, rank, saved):
     """Section 1: this rank's groups play one batch, each group from its own seed -> (samples,
     episodes, episodes a dead env worker cut short, rollout timings). Every episode cut short (a full
     disk, an env that cannot start) stops the run in one line."""
-    local = envs.n_groups   # this rank's groups: rank * local + j
+    local = envs.n_groups  # this rank's groups: rank * local + j
     memories = [make_memory(cfg.memory, cfg.memory_k or None) for _ in range(envs.n)]
     seeds = [train_seed(cfg.seed, it, g, cfg.n_groups) for g in range(rank * local, (rank + 1) * local)]
-    samples, episodes, timing = rollout(envs, engine, tok, prompt, memories, seeds, cfg.temperature, TOP_P,
-                                        cfg.max_response_tokens, overlap=cfg.overlap)
+    samples, episodes, timing = rollout(
+        envs,
+        engine,
+        tok,
+        prompt,
+        memories,
+        seeds,
+        cfg.temperature,
+        TOP_P,
+        cfg.max_response_tokens,
+        overlap=cfg.overlap,
+    )
     samples, episodes, n_dead = drop_dead_workers(samples, episodes)
     if all_reduce(len(episodes)) == 0:
-        sys.exit(f"error: iteration {it}: every episode was cut short by a dead env worker (the workers' "
-                 f"errors are above); out/ keeps iteration {saved}'s checkpoint (--resume 1 once fixed)")
+        sys.exit(
+            f"error: iteration {it}: every episode was cut short by a dead env worker (the workers' "
+            f"errors are above); out/ keeps iteration {saved}'s checkpoint (--resume 1 once fixed)"
+        )
     return samples, episodes, n_dead, timing
 
 
@@ -270,42 +388,82 @@ def update_policy(cfg, model, ref, opt, sched, critic, trained, adv, targets, lp
     """Section 3: old (and KL reference) log-probs by the training model, then the clipped step ->
     (old log-probs, the update's metrics)."""
     device = lp["device"]
-    with timer("update", device), timer("logprobs", device):   # time_logprobs: part of time_update
+    with timer("update", device), timer("logprobs", device):  # time_logprobs: part of time_update
         old, ref_lp = logprobs(model, trained, **lp), None
-        if cfg.kl_coef > 0:   # the frozen copy, or with LoRA the model itself with its adapters off
+        if cfg.kl_coef > 0:  # the frozen copy, or with LoRA the model itself with its adapters off
             with model.disable_adapter() if cfg.lora_rank else contextlib.nullcontext():
                 ref_lp = logprobs(model if ref is None else ref, trained, **lp)
     with timer("update", device):
-        upd = update(model, opt, sched, trained, old=old, ref=ref_lp, adv=adv, critic=critic, targets=targets, **lp)
+        upd = update(
+            model, opt, sched, trained, old=old, ref=ref_lp, adv=adv, critic=critic, targets=targets, **lp
+        )
     return old, upd
 
 
-def metrics(cfg, it, samples, trained, episodes, n_dead, adv, old, sched, stats, timing, timer, eval_success,
-            eval_rates, wall):
+def metrics(
+    cfg,
+    it,
+    samples,
+    trained,
+    episodes,
+    n_dead,
+    adv,
+    old,
+    sched,
+    stats,
+    timing,
+    timer,
+    eval_success,
+    eval_rates,
+    wall,
+):
     """Section 6: the metrics line (README, "Metrics"): the default keys, or all (--metrics all)."""
     dt = timer.since_start()
-    summed = records.training_metrics(samples, trained, episodes, n_dead, adv, old)   # all ranks
+    summed = records.training_metrics(samples, trained, episodes, n_dead, adv, old)  # all ranks
     tokens = all_reduce(sum(len(s.prompt_ids) + len(s.response_ids) for s in trained))
-    return records.metrics_line(cfg, {
-        "iteration": it, **summed, "tokens": int(tokens), "lr": sched.get_last_lr()[0], **stats,
-        "time_gen": timing["gen"], "time_env": timing["env"], "time_rollout_other": timing["other"],
-        "time_update": timer["update"], "time_logprobs": timer["logprobs"], "time_sync": timer["sync"],
-        "time_iteration": dt, "samples_per_s": summed["samples"] / dt, "update_tokens_per_s": tokens / timer["update"],
-        "eval_success": eval_success,   # named sets (ALFWorld): also eval_success/<set>[/<task type>]
-        **{f"eval_success/{k}": v for k, v in eval_rates.items() if k != "held-out"}, "wall": wall})
+    return records.metrics_line(
+        cfg,
+        {
+            "iteration": it,
+            **summed,
+            "tokens": int(tokens),
+            "lr": sched.get_last_lr()[0],
+            **stats,
+            "time_gen": timing["gen"],
+            "time_env": timing["env"],
+            "time_rollout_other": timing["other"],
+            "time_update": timer["update"],
+            "time_logprobs": timer["logprobs"],
+            "time_sync": timer["sync"],
+            "time_iteration": dt,
+            "samples_per_s": summed["samples"] / dt,
+            "update_tokens_per_s": tokens / timer["update"],
+            "eval_success": eval_success,  # named sets (ALFWorld): also eval_success/<set>[/<task type>]
+            **{f"eval_success/{k}": v for k, v in eval_rates.items() if k != "held-out"},
+            "wall": wall,
+        },
+    )
 
 
 def evaluate_only(cfg, rank, device, eval_envs, prompt):
     """--eval_only: load --model, evaluate it as a run would (rank 0), print the result -> the headline."""
     model, tok = load_model(cfg, device)
-    engine = make_engine(cfg.engine, model, tok, kv_cache_mb=cfg.kv_cache_mb,
-                         gpu_memory_utilization=cfg.gpu_memory_utilization, compile=compiled(cfg, device),
-                         logp_every=LOGP_EVERY)   # evaluation reads none: as few as a run asks for
+    engine = make_engine(
+        cfg.engine,
+        model,
+        tok,
+        kv_cache_mb=cfg.kv_cache_mb,
+        gpu_memory_utilization=cfg.gpu_memory_utilization,
+        compile=compiled(cfg, device),
+        logp_every=LOGP_EVERY,
+    )  # evaluation reads none: as few as a run asks for
     rates = evaluate(tok, cfg, eval_envs, prompt, engine) if rank == 0 else None
     if rank == 0:
-        print(f"eval-only success {rates and success_text(rates)} ({eval_what(cfg)}; model {cfg.model}, "
-              f"prompt {prompt.build.__module__}.{prompt.build.__name__})")
-        if any("/" in k for k in rates):   # named sets: per task type too (all of it in out_dir/eval.json)
+        print(
+            f"eval-only success {rates and success_text(rates)} ({eval_what(cfg)}; model {cfg.model}, "
+            f"prompt {prompt.build.__module__}.{prompt.build.__name__})"
+        )
+        if any("/" in k for k in rates):  # named sets: per task type too (all of it in out_dir/eval.json)
             print("per task type: " + ", ".join(f"{k} {v:.3f}" for k, v in rates.items() if "/" in k))
     eval_envs and eval_envs.close()
     finish_dist(engine)
@@ -327,10 +485,12 @@ def batch_arithmetic(cfg, world, envs):
     """The batch arithmetic, printed once: episodes, step samples, optimizer steps, micro-batches."""
     max_steps = getattr(envs.envs[0], "max_steps", None) if envs.workers == 0 else None
     n_envs = cfg.n_groups * cfg.group_size
-    return (f"batch: {cfg.n_groups} groups x {cfg.group_size} envs = {n_envs} episodes/iteration on {world} "
-            f"rank(s); <= {max_steps or '?'} steps each -> <= {n_envs * (max_steps or 0) or '?'} step samples; "
-            f"{cfg.mini_batch} samples/optimizer step in micro-batches of <= {cfg.micro_batch_tokens} tokens; "
-            f"<= {cfg.max_response_tokens} response tokens/sample")
+    return (
+        f"batch: {cfg.n_groups} groups x {cfg.group_size} envs = {n_envs} episodes/iteration on {world} "
+        f"rank(s); <= {max_steps or '?'} steps each -> <= {n_envs * (max_steps or 0) or '?'} step samples; "
+        f"{cfg.mini_batch} samples/optimizer step in micro-batches of <= {cfg.micro_batch_tokens} tokens; "
+        f"<= {cfg.max_response_tokens} response tokens/sample"
+    )
 
 
 def build_policy(cfg, device, world, print0):
@@ -345,19 +505,31 @@ def build_policy(cfg, device, world, print0):
     # every forward, so generating from the sharded module would hang as soon as ranks play
     # different numbers of steps)
     copy_dtype = (torch.bfloat16 if device.type == "cuda" else torch.float32) if distributed else None
-    engine = make_engine(cfg.engine, model, tok, kv_cache_mb=cfg.kv_cache_mb,
-                         gpu_memory_utilization=cfg.gpu_memory_utilization, copy_dtype=copy_dtype,
-                         compile=compiled(cfg, device), logp_every=1 if cfg.tis_cap > 0 else LOGP_EVERY)
+    engine = make_engine(
+        cfg.engine,
+        model,
+        tok,
+        kv_cache_mb=cfg.kv_cache_mb,
+        gpu_memory_utilization=cfg.gpu_memory_utilization,
+        copy_dtype=copy_dtype,
+        compile=compiled(cfg, device),
+        logp_every=1 if cfg.tis_cap > 0 else LOGP_EVERY,
+    )
     gen_model = engine.own_model
-    if cfg.lora_rank:   # after the engine is built from the plain model; the KL reference = adapters off
+    if cfg.lora_rank:  # after the engine is built from the plain model; the KL reference = adapters off
         model = add_lora(model, cfg.lora_rank)
     ref = copy.deepcopy(model).eval().requires_grad_(False) if cfg.kl_coef > 0 and not cfg.lora_rank else None
-    lora = f" ({sum(p.numel() for p in model.parameters() if p.requires_grad) / 1e6:.3f}M in LoRA adapters)" \
-        if cfg.lora_rank else ""
-    print0(f"model: {cfg.model}, {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters{lora}, "
-           f"vocab {len(tok)}, device {device}{f', FSDP2 over {world} rank(s)' if distributed else ''}, "
-           f"engine {engine.name}")
-    compile_layers = compiled(cfg, device, engine)   # the policy's and the reference's alike
+    lora = (
+        f" ({sum(p.numel() for p in model.parameters() if p.requires_grad) / 1e6:.3f}M in LoRA adapters)"
+        if cfg.lora_rank
+        else ""
+    )
+    print0(
+        f"model: {cfg.model}, {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters{lora}, "
+        f"vocab {len(tok)}, device {device}{f', FSDP2 over {world} rank(s)' if distributed else ''}, "
+        f"engine {engine.name}"
+    )
+    compile_layers = compiled(cfg, device, engine)  # the policy's and the reference's alike
     model = shard(model, device, cfg.grad_ckpt, compile_layers=compile_layers)
     ref = shard(ref, device, compile_layers=compile_layers) if ref is not None else None
     return model, tok, ref, engine, gen_model, packed
@@ -365,8 +537,12 @@ def build_policy(cfg, device, world, print0):
 
 def make_optimizer(cfg, model, device):
     """AdamW on the trainable weights; the lr follows a cosine from --lr to --lr x --lr_min over the run."""
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=cfg.weight_decay,
-                            fused=device.type == "cuda")
+    opt = torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad],
+        lr=cfg.lr,
+        weight_decay=cfg.weight_decay,
+        fused=device.type == "cuda",
+    )
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda it: lr_scale(it, cfg.iterations, cfg.lr_min))
     return opt, sched
 
@@ -381,9 +557,11 @@ def stretch_note(cfg, before, start):
     lr jumps (up when the run grows). Accepted on purpose (it is how a finished run trains on), and
     said here, in one line."""
     old, new = (cfg.lr * lr_scale(start, n, cfg.lr_min) for n in (before, cfg.iterations))
-    return (f"note: --iterations {before} -> {cfg.iterations} stretches the cosine lr schedule over "
-            f"{cfg.iterations} iterations: iteration {start + 1} trains at lr {new:.3g}, {new / old:.2f}x the "
-            f"{old:.3g} of --iterations {before} (docs/training.md, \"Checkpoints and crashes\")")
+    return (
+        f"note: --iterations {before} -> {cfg.iterations} stretches the cosine lr schedule over "
+        f"{cfg.iterations} iterations: iteration {start + 1} trains at lr {new:.3g}, {new / old:.2f}x the "
+        f'{old:.3g} of --iterations {before} (docs/training.md, "Checkpoints and crashes")'
+    )
 
 
 def train_seed(seed, it, g, n_groups):
@@ -399,7 +577,11 @@ def drop_dead_workers(samples, episodes):
     """A dead env worker cut some episodes short (envs/vector.py): their returns say nothing about the
     policy, so they are neither trained on nor counted in success -> (samples, episodes, how many)."""
     dead = {i for i, e in enumerate(episodes) if e.get("worker_died")}
-    return [s for s in samples if s.traj not in dead], [e for e in episodes if not e.get("worker_died")], len(dead)
+    return (
+        [s for s in samples if s.traj not in dead],
+        [e for e in episodes if not e.get("worker_died")],
+        len(dead),
+    )
 
 
 # DAPO's overlong penalty, reward units: off (0); > 0 takes it off the rewards of replies cut at
@@ -413,18 +595,23 @@ def shaped_rewards(cfg, samples, eos):
     --max_response_tokens."""
     rewards = [s.reward for s in samples]
     if OVERLONG_PENALTY:
-        rewards = overlong_rewards(rewards, [len(s.response_ids) for s in samples], [
-            s.response_ids[-1:] == [eos] for s in samples], cfg.max_response_tokens, OVERLONG_PENALTY)
+        rewards = overlong_rewards(
+            rewards,
+            [len(s.response_ids) for s in samples],
+            [s.response_ids[-1:] == [eos] for s in samples],
+            cfg.max_response_tokens,
+            OVERLONG_PENALTY,
+        )
     return rewards
 
 
 # GiGPO's fixed values (the paper's) and --algo ppo's GAE lambda: gigpo.advantages' arguments
-GAMMA = 0.95           # discount of step returns over an episode's turns (paper: 0.95)
-OMEGA = 1.0            # weight of the step-level advantage A^S, A = A^E + omega A^S (paper: 1.0)
-PENALTY = 0.1          # invalid-action penalty lambda, reward units, per invalid action (paper: 0.1)
-GROUP_STATS = "step"   # episode-group statistics over step samples (the reference's); "traj": over
-                       # trajectories, one R(tau) each (the paper's text; README, "Where we depart")
-GAE_LAMBDA = 0.95      # --algo ppo: GAE lambda over env steps, 1 = returns, 0 = one-step TD (PPO paper: 0.95)
+GAMMA = 0.95  # discount of step returns over an episode's turns (paper: 0.95)
+OMEGA = 1.0  # weight of the step-level advantage A^S, A = A^E + omega A^S (paper: 1.0)
+PENALTY = 0.1  # invalid-action penalty lambda, reward units, per invalid action (paper: 0.1)
+GROUP_STATS = "step"  # episode-group statistics over step samples (the reference's); "traj": over
+# trajectories, one R(tau) each (the paper's text; README, "Where we depart")
+GAE_LAMBDA = 0.95  # --algo ppo: GAE lambda over env steps, 1 = returns, 0 = one-step TD (PPO paper: 0.95)
 
 
 def advantages(cfg, samples, it, rank, values=None, eos=None):
@@ -435,25 +622,38 @@ def advantages(cfg, samples, it, rank, values=None, eos=None):
     OVERLONG_PENALTY (DAPO; off) comes off the cut replies' rewards first. BATCH_ALGOS (ppo, reinforce_pp)
     normalise over the whole batch: under torchrun, every rank's samples. NaN/inf rewards stop the run
     here, in one line (the last checkpoint stays)."""
-    trajs, groups, anchors, valid = ([getattr(s, f) for s in samples] for f in ("traj", "group", "anchor", "valid"))
+    trajs, groups, anchors, valid = (
+        [getattr(s, f) for s in samples] for f in ("traj", "group", "anchor", "valid")
+    )
     rewards = shaped_rewards(cfg, samples, eos)
     cols, lo = [rewards, trajs, groups, anchors, valid, values], 0
-    if cfg.algo in gigpo.BATCH_ALGOS and dist_on():   # every rank's samples, their ids tagged by rank
-        ranks = all_gather([list(rewards), [(rank, t) for t in trajs], [(rank, g) for g in groups], anchors,
-                            valid, values])
+    if cfg.algo in gigpo.BATCH_ALGOS and dist_on():  # every rank's samples, their ids tagged by rank
+        ranks = all_gather(
+            [list(rewards), [(rank, t) for t in trajs], [(rank, g) for g in groups], anchors, valid, values]
+        )
         lo = sum(len(p[0]) for p in ranks[:rank])
-        cols = [[x for p in ranks for x in p[k]] for k in range(5)] + [None if values is None else
-                                                                      np.concatenate([p[5] for p in ranks])]
+        cols = [[x for p in ranks for x in p[k]] for k in range(5)] + [
+            None if values is None else np.concatenate([p[5] for p in ranks])
+        ]
     try:
         parts = gigpo.advantages(
-            *cols[:5], algo=cfg.algo, gamma=GAMMA, omega=OMEGA, penalty=PENALTY, norm=cfg.norm,
-            stats=GROUP_STATS, similarity=cfg.similarity or None, values=cols[5], gae_lambda=GAE_LAMBDA,
-            tied_step=cfg.tied_step)
+            *cols[:5],
+            algo=cfg.algo,
+            gamma=GAMMA,
+            omega=OMEGA,
+            penalty=PENALTY,
+            norm=cfg.norm,
+            stats=GROUP_STATS,
+            similarity=cfg.similarity or None,
+            values=cols[5],
+            gae_lambda=GAE_LAMBDA,
+            tied_step=cfg.tied_step,
+        )
     except ValueError as e:
         sys.exit(f"error: iteration {it}: {e}")
-    parts = {k: v[lo:lo + len(samples)] if isinstance(v, np.ndarray) else v for k, v in parts.items()}
+    parts = {k: v[lo : lo + len(samples)] if isinstance(v, np.ndarray) else v for k, v in parts.items()}
     targets = np.zeros((len(samples), 2))
-    if "value_target" in parts:   # ppo: on the env's rewards (the invalid-action penalty shapes A only)
+    if "value_target" in parts:  # ppo: on the env's rewards (the invalid-action penalty shapes A only)
         targets[:, 0], targets[:, 1] = values, parts["value_target"]
     # DAPO's dynamic sampling drops a group only where its advantages are all 0 (silent_groups says why
     # not where its scores tie: GiGPO's A^S, and ppo's and reinforce_pp's batch baselines, still rank it)
@@ -466,10 +666,11 @@ def advantages(cfg, samples, it, rank, values=None, eos=None):
 def record_groups(cfg, samples, parts, tok, it):
     """The first --log_groups training groups as whole episodes, with the advantage's parts at every
     step (advantages' `parts`; records.py)."""
-    keep = set(sorted({s.group for s in samples})[:cfg.log_groups])
+    keep = set(sorted({s.group for s in samples})[: cfg.log_groups])
     ks = [k for k, s in enumerate(samples) if s.group in keep]
-    return records.episodes([samples[k] for k in ks], tok, it, "train", parts["adv"][ks],
-                            records.advantage_parts(parts, ks))
+    return records.episodes(
+        [samples[k] for k in ks], tok, it, "train", parts["adv"][ks], records.advantage_parts(parts, ks)
+    )
 
 
 def stop_if_not_finite(model, critic, upd, it, cfg, saved):
@@ -477,13 +678,20 @@ def stop_if_not_finite(model, critic, upd, it, cfg, saved):
     model/, with one line that says which iteration they still hold."""
     finite = all_finite([*model.parameters(), *(critic.head.parameters() if critic else ())])
     if not (finite and math.isfinite(upd["loss"]) and math.isfinite(upd["grad_norm"])):
-        fail(f"iteration {it}: non-finite update (loss {upd['loss']:.4g}, grad norm {upd['grad_norm']:.4g}, "
-             f"weights {'finite' if finite else 'not finite'}); stopped before saving it: "
-             + (f"{cfg.out_dir}/ckpt and model/ still hold iteration {saved}" if saved else
-                "this run has saved nothing yet") + " (a lower --lr may help)")
+        fail(
+            f"iteration {it}: non-finite update (loss {upd['loss']:.4g}, grad norm {upd['grad_norm']:.4g}, "
+            f"weights {'finite' if finite else 'not finite'}); stopped before saving it: "
+            + (
+                f"{cfg.out_dir}/ckpt and model/ still hold iteration {saved}"
+                if saved
+                else "this run has saved nothing yet"
+            )
+            + " (a lower --lr may help)"
+        )
 
 
 # ---- the command line and its checks ----
+
 
 def parse_args(argv):
     """--key value / --key=value for every Config field; anything else is an error. The chosen env's
@@ -507,7 +715,7 @@ def parse_args(argv):
                 fail(f"flag --{key} needs a value")
             value, i = argv[i + 1], i + 1
         kind = type(getattr(cfg, key))
-        if key == "compile":   # a str field (auto; check_config checks it) that takes the bool spellings too
+        if key == "compile":  # a str field (auto; check_config checks it) that takes the bool spellings too
             value = {"true": "1", "false": "0"}.get(value.lower(), value)
         try:
             if kind is bool:
@@ -524,15 +732,18 @@ def parse_args(argv):
 def load_model(cfg, device):
     if cfg.model == "tiny":
         from tiny import build_tiny
+
         model, tok = build_tiny(cfg.env, seed=cfg.seed, env_kwargs=parse_env_args(cfg.env, cfg.env_args))
     else:
         from transformers import AutoModelForCausalLM, AutoTokenizer
+
         # fp32 master weights (FSDP2 computes in bf16 on GPU); packed varlen attention on GPU (fsdp.py)
         try:
             tok = AutoTokenizer.from_pretrained(cfg.model)
-            model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32,
-                                                         attn_implementation=attn_implementation(device))
-        except (OSError, ValueError) as e:   # e.g. a folder with a config but no weights or tokenizer
+            model = AutoModelForCausalLM.from_pretrained(
+                cfg.model, dtype=torch.float32, attn_implementation=attn_implementation(device)
+            )
+        except (OSError, ValueError) as e:  # e.g. a folder with a config but no weights or tokenizer
             fail(f"--model {cfg.model}: {first_line(e)}")
         if tok.pad_token_id is None:
             tok.pad_token = tok.eos_token
@@ -540,13 +751,13 @@ def load_model(cfg, device):
 
 
 def _interrupt(signum, frame):
-    raise KeyboardInterrupt   # SIGTERM (a scheduler's kill) ends like Ctrl-C: env workers stopped, one line
+    raise KeyboardInterrupt  # SIGTERM (a scheduler's kill) ends like Ctrl-C: env workers stopped, one line
 
 
 if __name__ == "__main__":
     signal.signal(signal.SIGTERM, _interrupt)
     try:
         main()
-    except KeyboardInterrupt:   # Ctrl-C: one line that says what is kept, not a traceback
-        print(file=sys.stderr)   # below the progress bar's line
+    except KeyboardInterrupt:  # Ctrl-C: one line that says what is kept, not a traceback
+        print(file=sys.stderr)  # below the progress bar's line
         fail(interrupted(parse_args(sys.argv[1:]).out_dir))

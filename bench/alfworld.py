@@ -12,6 +12,7 @@
    played 50 steps by a random admissible policy, each step's prompt built by prompts/alfworld.py
    and counted with the tokenizer's chat template (or whitespace words when there is no tokenizer).
 """
+
 import argparse
 import random
 import time
@@ -41,8 +42,11 @@ def env_throughput(workers, n_groups=16, group_size=8, rounds=5, split="valid_un
 
 def prompt_lengths(episodes, tokenizer=None, steps=50):
     """-> {memory name: list over step index of the mean prompt length}."""
-    count = ((lambda m: len(render_prompts(tokenizer, [m])[0]))   # as the rollout does it
-             if tokenizer else (lambda m: len(m[-1]["content"].split())))
+    count = (
+        (lambda m: len(render_prompts(tokenizer, [m])[0]))  # as the rollout does it
+        if tokenizer
+        else (lambda m: len(m[-1]["content"].split()))
+    )
     env, rng = ALFWorld("valid_unseen", max_steps=steps), random.Random(0)
     lengths = {"window": [[] for _ in range(steps)], "full": [[] for _ in range(steps)]}
     for seed in range(episodes):
@@ -71,19 +75,29 @@ def main():
     ap.add_argument("--episodes", type=int, default=8, help="games for the prompt-length table")
     ap.add_argument("--tokenizer", default=None, help="HF tokenizer name/path; default: whitespace words")
     ap.add_argument("--skip", choices=["envs", "prompts"], default=None)
-    ap.add_argument("--speedup_ab", type=int, default=0,
-                    help="1: only the A/B of envs.alfworld's SPEEDUPS: 4 x 4 envs in-process, without, "
-                         "adding one at a time, without again")
+    ap.add_argument(
+        "--speedup_ab",
+        type=int,
+        default=0,
+        help="1: only the A/B of envs.alfworld's SPEEDUPS: 4 x 4 envs in-process, without, "
+        "adding one at a time, without again",
+    )
     args = ap.parse_args()
     if args.speedup_ab:
         import envs.alfworld as alf
-        print("| envs.alfworld's speed-ups (in-process, 4 x 4 envs) | resets/s (16 envs) | steps/s (16 envs) |\n"
-              "|---|---|---|")
+
+        print(
+            "| envs.alfworld's speed-ups (in-process, 4 x 4 envs) | resets/s (16 envs) | steps/s (16 envs) |\n"
+            "|---|---|---|"
+        )
         names = list(alf.SPEEDUPS)
-        configs = [names[:k] for k in range(len(names) + 1)] + [[]]   # none, adding one at a time, none again
+        configs = [names[:k] for k in range(len(names) + 1)] + [[]]  # none, adding one at a time, none again
         for k, on in enumerate(configs):
-            label = (" + ".join(on) + (" (the default)" if on == names else "")) if on else \
-                "none (TextWorld's own)" + (", again" if k else "")
+            label = (
+                (" + ".join(on) + (" (the default)" if on == names else ""))
+                if on
+                else "none (TextWorld's own)" + (", again" if k else "")
+            )
             alf.use_speedups(on)
             resets, steps = env_throughput(0, n_groups=4, group_size=4, rounds=args.rounds)
             print(f"| {label} | {resets:.1f} | {steps:.1f} |", flush=True)
@@ -98,6 +112,7 @@ def main():
         tok = None
         if args.tokenizer:
             from transformers import AutoTokenizer
+
             tok = AutoTokenizer.from_pretrained(args.tokenizer)
         unit = f"tokens ({args.tokenizer})" if tok else "whitespace words"
         lengths = prompt_lengths(args.episodes, tok)

@@ -22,6 +22,7 @@ CPU); AdamW, linear decay; every 20th game is held out for a validation loss. Th
 The expert plans on the full game state (it knows where hidden objects are), so a clone learns
 likely places, not the truth: a start for RL, not a ceiling.
 """
+
 import argparse
 import json
 import math
@@ -33,13 +34,14 @@ from types import SimpleNamespace
 import torch
 from tqdm import tqdm
 
-PROMPTS = {"tagged": "", "choice": "choice"}   # bc's name -> train.py --prompt
+PROMPTS = {"tagged": "", "choice": "choice"}  # bc's name -> train.py --prompt
 
 
 def target(variant, action, admissible):
     """The reply that plays `action`: the tagged format with a short think, or its number."""
     if variant == "choice":
         from prompts.alfworld import choices
+
         return str(choices(admissible).index(action) + 1)
     return f"<think>The next step towards the task is {action}.</think><action>{action}</action>"
 
@@ -51,12 +53,15 @@ def collect(path, games, variants, data_dir=None, split="train", first=0):
     from memory import make_memory
     from prompts import prompt_module
     from train import PRESETS
+
     try:
         env = ALFWorld(split, data_dir=data_dir, expert=True)
     except FileNotFoundError as e:
         raise SystemExit(f"bench.bc: --data_dir: {e}")
     if not (0 < games and 0 <= first and first + games <= len(env.games)):
-        raise SystemExit(f"bench.bc: --first {first} --games {games}: the {split} split has {len(env.games)} games")
+        raise SystemExit(
+            f"bench.bc: --first {first} --games {games}: the {split} split has {len(env.games)} games"
+        )
     prompts = {v: prompt_module("alfworld", chat=True, variant=PROMPTS[v]) for v in variants}
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     files = {v: open(path.replace("{prompt}", v), "w") for v in variants}
@@ -71,9 +76,15 @@ def collect(path, games, variants, data_dir=None, split="train", first=0):
             for v, prompt in prompts.items():
                 reply = target(v, action, adm)
                 assert prompt.parse(reply, adm) == (action, True), (v, reply, action)
-                row = {"messages": prompt.build(info["task"], memory.text(), obs, adm, step), "reply": reply,
-                       "action": action, "admissible": adm, "game": game, "step": step,
-                       "gamefile": "/".join(env.gamefile.split("/")[-4:-1])}
+                row = {
+                    "messages": prompt.build(info["task"], memory.text(), obs, adm, step),
+                    "reply": reply,
+                    "action": action,
+                    "admissible": adm,
+                    "game": game,
+                    "step": step,
+                    "gamefile": "/".join(env.gamefile.split("/")[-4:-1]),
+                }
                 files[v].write(json.dumps(row) + "\n")
             new_obs, reward, won, truncated, info = env.step(action)
             memory.add(obs, action, reward)
@@ -81,14 +92,17 @@ def collect(path, games, variants, data_dir=None, split="train", first=0):
         assert won, f"the expert lost game {game} ({env.gamefile})"
     for f in files.values():
         f.close()
-    print(f"bench.bc: {games} {split} games, {lines} expert steps, {time.perf_counter() - t0:.0f}s -> "
-          f"{', '.join(f.name for f in files.values())}")
+    print(
+        f"bench.bc: {games} {split} games, {lines} expert steps, {time.perf_counter() - t0:.0f}s -> "
+        f"{', '.join(f.name for f in files.values())}"
+    )
     return lines
 
 
 def load(path, tok):
     """A collected file -> samples (prompt ids as rollout.render_prompts makes them, reply ids + EOS)."""
     from rollout import render_prompts
+
     try:
         rows = [json.loads(line) for line in open(path)]
     except (OSError, ValueError) as e:
@@ -96,8 +110,14 @@ def load(path, tok):
     if not rows or not {"messages", "reply", "game"} <= set(rows[0]):
         raise SystemExit(f"bench.bc: --train {path}: no lines of `--collect` (messages, reply, game)")
     prompts = render_prompts(tok, [r["messages"] for r in rows])
-    return [SimpleNamespace(prompt_ids=p, response_ids=tok(r["reply"], add_special_tokens=False).input_ids
-                            + [tok.eos_token_id], game=r["game"]) for p, r in zip(prompts, rows)]
+    return [
+        SimpleNamespace(
+            prompt_ids=p,
+            response_ids=tok(r["reply"], add_special_tokens=False).input_ids + [tok.eos_token_id],
+            game=r["game"],
+        )
+        for p, r in zip(prompts, rows)
+    ]
 
 
 def reply_logp(model, samples, idx, pad_id, device):
@@ -105,6 +125,7 @@ def reply_logp(model, samples, idx, pad_id, device):
     model's attention takes them, as train.py on GPU; left padding otherwise)."""
     from fsdp import PACKED_ATTN
     from ppo import make_batch, response_logprobs
+
     packed = getattr(model.config, "_attn_implementation", "") in PACKED_ATTN
     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
         return response_logprobs(model, make_batch(samples, idx, pad_id, packed), device, entropy=False)[0]
@@ -112,16 +133,22 @@ def reply_logp(model, samples, idx, pad_id, device):
 
 def train(args):
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    device = torch.device(args.device if args.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu")
+
+    device = torch.device(
+        args.device if args.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu"
+    )
     torch.manual_seed(args.seed)
     try:
         from fsdp import attn_implementation
+
         tok = AutoTokenizer.from_pretrained(args.model)
         # GPU: packed rows with varlen attention, as train.py (SDPA on left-padded bf16 rows gave NaN
         # losses); that kernel takes bf16 only, so on GPU the weights are bf16 throughout, fp32 on CPU
         model = AutoModelForCausalLM.from_pretrained(
-            args.model, dtype=torch.bfloat16 if device.type == "cuda" else torch.float32,
-            attn_implementation=attn_implementation(device)).to(device)
+            args.model,
+            dtype=torch.bfloat16 if device.type == "cuda" else torch.float32,
+            attn_implementation=attn_implementation(device),
+        ).to(device)
     except (OSError, ValueError) as e:
         raise SystemExit(f"bench.bc: --model {args.model}: {str(e).splitlines()[0]}")
     try:
@@ -133,16 +160,18 @@ def train(args):
     val = [i for i, s in enumerate(samples) if s.game % 20 == 19]
     fit = [i for i, s in enumerate(samples) if s.game % 20 != 19]
     steps = args.steps or args.epochs * math.ceil(len(fit) / args.batch)
-    print(f"bench.bc: {args.model} on {args.train}: {len(fit)} train / {len(val)} held-out steps, batch "
-          f"{args.batch}, {steps} updates, lr {args.lr:g}, {device}")
+    print(
+        f"bench.bc: {args.model} on {args.train}: {len(fit)} train / {len(val)} held-out steps, batch "
+        f"{args.batch}, {steps} updates, lr {args.lr:g}, {device}"
+    )
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: 1 - k / steps)
     rng, order, losses = random.Random(args.seed), [], []
     model.train()
     for step in (bar := tqdm(range(steps), desc="bc", unit="step")):
-        if len(order) < args.batch:        # epochs: each sample once before any repeats
+        if len(order) < args.batch:  # epochs: each sample once before any repeats
             order += rng.sample(fit, len(fit))
-        idx, order = order[:args.batch], order[args.batch:]
+        idx, order = order[: args.batch], order[args.batch :]
         loss = -reply_logp(model, samples, idx, pad_id, device).mean()
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -152,25 +181,35 @@ def train(args):
         losses.append(loss.item())
         bar.set_postfix(loss=f"{sum(losses[-20:]) / len(losses[-20:]):.4f}", refresh=False)
     model.eval()
-    with torch.no_grad():   # per reply token, over all held-out steps
-        val_logp = [reply_logp(model, samples, val[i:i + args.batch], pad_id, device)
-                    for i in range(0, len(val), args.batch)]
+    with torch.no_grad():  # per reply token, over all held-out steps
+        val_logp = [
+            reply_logp(model, samples, val[i : i + args.batch], pad_id, device)
+            for i in range(0, len(val), args.batch)
+        ]
         val_loss = -torch.cat(val_logp).mean().item() if val else float("nan")
     model.save_pretrained(args.out)
     tok.save_pretrained(args.out)
     with open(os.path.join(args.out, "bc.json"), "w") as f:
         json.dump({**vars(args), "losses": losses, "val_loss": val_loss}, f)
-    print(f"bench.bc: loss {losses[0]:.4f} -> {sum(losses[-20:]) / len(losses[-20:]):.4f} (last 20), held-out "
-          f"{val_loss:.4f}; wrote {args.out}")
+    print(
+        f"bench.bc: loss {losses[0]:.4f} -> {sum(losses[-20:]) / len(losses[-20:]):.4f} (last 20), held-out "
+        f"{val_loss:.4f}; wrote {args.out}"
+    )
     return losses, val_loss
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--collect", metavar="OUT.jsonl", help="write expert steps here ({prompt} = the prompt's name)")
+    ap.add_argument(
+        "--collect", metavar="OUT.jsonl", help="write expert steps here ({prompt} = the prompt's name)"
+    )
     ap.add_argument("--games", type=int, default=400, help="--collect: train-split games FIRST..FIRST+N-1")
-    ap.add_argument("--first", type=int, default=0, help="--collect: the first game (split a collection over "
-                    "processes, then concatenate the files)")
+    ap.add_argument(
+        "--first",
+        type=int,
+        default=0,
+        help="--collect: the first game (split a collection over processes, then concatenate the files)",
+    )
     ap.add_argument("--prompt", nargs="+", default=["tagged"], help="--collect: tagged and/or choice")
     ap.add_argument("--data_dir", default=None, help="--collect: the games' $ALFWORLD_DATA")
     ap.add_argument("--train", metavar="DATA.jsonl", help="a --collect file to clone")
@@ -188,8 +227,10 @@ def main(argv=None):
     if args.collect:
         bad = [p for p in args.prompt if p not in PROMPTS]
         if bad or len(args.prompt) > 1 and "{prompt}" not in args.collect:
-            raise SystemExit(f"bench.bc: --prompt {' '.join(args.prompt)}: names from {', '.join(PROMPTS)}; "
-                             f"several need {{prompt}} in --collect's path")
+            raise SystemExit(
+                f"bench.bc: --prompt {' '.join(args.prompt)}: names from {', '.join(PROMPTS)}; "
+                f"several need {{prompt}} in --collect's path"
+            )
         return collect(args.collect, args.games, args.prompt, args.data_dir, first=args.first)
     if not args.model or not args.out:
         raise SystemExit("bench.bc: --train needs --model DIR (start) and --out DIR (result)")

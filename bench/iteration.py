@@ -28,6 +28,7 @@ train.py runs with --metrics all (the sub-timers and throughput figures are not 
 MFU of time_update: 2N FLOPs per token for the forward of the old log-probs and 6N for the update's
 forward/backward, N parameters, over --peak_tflops x ranks (the KL reference's pass is not counted).
 """
+
 import argparse
 import json
 import os
@@ -40,10 +41,12 @@ from bench.update import SHAPES
 from envs import parse_env_args
 
 # Qwen2.5's template with its default system prompt (the tokens every step's prompt carries)
-CHATML = ("{% if messages[0]['role'] != 'system' %}{{ '<|im_start|>system\\nYou are Qwen, created by Alibaba "
-          "Cloud. You are a helpful assistant.<|im_end|>\\n' }}{% endif %}{% for m in messages %}"
-          "{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endfor %}"
-          "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+CHATML = (
+    "{% if messages[0]['role'] != 'system' %}{{ '<|im_start|>system\\nYou are Qwen, created by Alibaba "
+    "Cloud. You are a helpful assistant.<|im_end|>\\n' }}{% endif %}{% for m in messages %}"
+    "{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
 PHASES = ("time_gen", "time_env", "time_rollout_other", "time_update", "time_sync", "time_iteration")
 
 
@@ -51,14 +54,21 @@ def build_tokenizer(cfg, vocab_size, episodes=3):
     """Byte-level BPE trained on what the env and its prompt produce, ChatML template, EOS <|im_end|>."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
+
     from tiny import corpus
+
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(corpus(cfg.env, episodes, env_kwargs=parse_env_args(cfg.env, cfg.env_args)),
-                            trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials,
-                                                initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.train_from_iterator(
+        corpus(cfg.env, episodes, env_kwargs=parse_env_args(cfg.env, cfg.env_args)),
+        trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            special_tokens=specials,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        ),
+    )
     hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>")
     hf.chat_template = CHATML
     return hf
@@ -67,19 +77,26 @@ def build_tokenizer(cfg, vocab_size, episodes=3):
 def make_model_dir(shape, cfg, path):
     """A random-weight Qwen2 of SHAPES[shape] and the tokenizer above, saved (bf16) as an HF folder."""
     from transformers import AutoConfig, AutoModelForCausalLM
+
     fields = dict(SHAPES[shape])
     tok = build_tokenizer(cfg, min(8192, fields["vocab_size"]))
-    mcfg = AutoConfig.for_model(fields.pop("model_type", "qwen2"), **fields, max_position_embeddings=32768,
-                                rope_theta=1e6, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-                                bos_token_id=None)
+    mcfg = AutoConfig.for_model(
+        fields.pop("model_type", "qwen2"),
+        **fields,
+        max_position_embeddings=32768,
+        rope_theta=1e6,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=None,
+    )
     torch.manual_seed(0)
-    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):   # random init is faster there
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):  # random init is faster there
         model = AutoModelForCausalLM.from_config(mcfg, dtype=torch.bfloat16)
     model.save_pretrained(path)
     tok.save_pretrained(path)
     n = sum(p.numel() for p in model.parameters())
     del model
-    if torch.cuda.is_available():   # give the cached blocks back before vLLM sizes its share of the GPU
+    if torch.cuda.is_available():  # give the cached blocks back before vLLM sizes its share of the GPU
         torch.cuda.empty_cache()
     return n
 
@@ -87,6 +104,7 @@ def make_model_dir(shape, cfg, path):
 def count_parameters(path):
     """Parameters of the HF model folder at path, counted on the meta device (no weights loaded)."""
     from transformers import AutoConfig, AutoModelForCausalLM
+
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path))
     return sum(p.numel() for p in model.parameters())
@@ -97,73 +115,139 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shape", choices=sorted(SHAPES), default="1.5b", help="bench.update's model shapes")
     ap.add_argument("--env", default="alfworld", help="train.py --env (its preset applies)")
-    ap.add_argument("--out", default="/tmp/bench-iteration", help="the model folder and train.py's out_dir go here")
-    ap.add_argument("--model_dir", default="", help="time this HF model folder (e.g. an ALFWorld clone from "
-                    "bench.bc) instead of a random --shape model")
+    ap.add_argument(
+        "--out", default="/tmp/bench-iteration", help="the model folder and train.py's out_dir go here"
+    )
+    ap.add_argument(
+        "--model_dir",
+        default="",
+        help="time this HF model folder (e.g. an ALFWorld clone from "
+        "bench.bc) instead of a random --shape model",
+    )
     ap.add_argument("--json", default="", help="append the results as one JSON line to this file")
-    ap.add_argument("--peak_tflops", type=float, default=0.0, help="the GPU's peak bf16 TFLOP/s, for MFU "
-                    "(H200: ~790); 0 = no MFU")
-    ap.add_argument("--iterations", type=int, default=2, help="train.py iterations; the first carries compile's "
-                    "warm-up, the last is reported as the steady state")
+    ap.add_argument(
+        "--peak_tflops",
+        type=float,
+        default=0.0,
+        help="the GPU's peak bf16 TFLOP/s, for MFU (H200: ~790); 0 = no MFU",
+    )
+    ap.add_argument(
+        "--iterations",
+        type=int,
+        default=2,
+        help="train.py iterations; the first carries compile's "
+        "warm-up, the last is reported as the steady state",
+    )
     args, rest = ap.parse_known_args()
-    model_dir, out_dir = args.model_dir or os.path.join(args.out, f"model-{args.shape}"), os.path.join(args.out, "run")
+    model_dir, out_dir = (
+        args.model_dir or os.path.join(args.out, f"model-{args.shape}"),
+        os.path.join(args.out, "run"),
+    )
     # --eval_episodes 1: the random-policy baseline train.py plays at start-up is then one game
     if args.iterations < 1:
         raise SystemExit(f"error: --iterations {args.iterations}: run at least 1")
-    argv = ["--env", args.env, "--model", model_dir, "--iterations", str(args.iterations), "--out_dir", out_dir,
-            "--eval_episodes", "1", *(["--eval_sets", "valid_seen"] if args.env == "alfworld" else []),
-            "--metrics", "all", *rest]
-    cfg = train.parse_args(argv)   # a bad flag stops here, in one line that names it
+    argv = [
+        "--env",
+        args.env,
+        "--model",
+        model_dir,
+        "--iterations",
+        str(args.iterations),
+        "--out_dir",
+        out_dir,
+        "--eval_episodes",
+        "1",
+        *(["--eval_sets", "valid_seen"] if args.env == "alfworld" else []),
+        "--metrics",
+        "all",
+        *rest,
+    ]
+    cfg = train.parse_args(argv)  # a bad flag stops here, in one line that names it
     t0 = time.perf_counter()
     if args.model_dir:
         args.shape, n_params = os.path.basename(os.path.normpath(model_dir)), count_parameters(model_dir)
     else:
         n_params = make_model_dir(args.shape, cfg, model_dir)
-        print(f"model {args.shape}: {n_params / 1e9:.2f}B parameters, random init, saved to {model_dir} in "
-              f"{time.perf_counter() - t0:.0f} s", flush=True)
+        print(
+            f"model {args.shape}: {n_params / 1e9:.2f}B parameters, random init, saved to {model_dir} in "
+            f"{time.perf_counter() - t0:.0f} s",
+            flush=True,
+        )
     if os.path.exists(os.path.join(out_dir, "metrics.jsonl")):
-        os.remove(os.path.join(out_dir, "metrics.jsonl"))   # a previous run's line is not this one
-    train.evaluate = lambda *a, **k: {"not run": float("nan")}   # see the module docstring
+        os.remove(os.path.join(out_dir, "metrics.jsonl"))  # a previous run's line is not this one
+    train.evaluate = lambda *a, **k: {"not run": float("nan")}  # see the module docstring
     train.save = lambda *a, **k: None
     t_main = time.perf_counter()
     train.main(argv)
     with open(os.path.join(out_dir, "metrics.jsonl")) as f:
         lines = [json.loads(line) for line in f]
     world = int(os.environ.get("WORLD_SIZE", 1))
-    for x in lines:   # MFU of time_update (see the module docstring)
-        x["mfu"] = 8 * n_params * x["tokens"] / x["time_update"] / (args.peak_tflops * 1e12 * world) \
-            if args.peak_tflops else None
-    m = lines[-1]   # the steady state: the last iteration
-    start_up = time.perf_counter() - t_main - m["wall"]   # load, engine, env workers; and their teardown
-    keys = (*PHASES, "samples", "episode_length", "prompt_tokens", "response_tokens", "update_tokens_per_s", "mfu",
-            "logp_gap", "time_logprobs")
-    res = {"shape": args.shape, "params": n_params, "argv": argv, "start_up_s": start_up,
-           **{k: m.get(k) for k in keys}, "per_iteration": [{k: x.get(k) for k in keys} for x in lines]}
+    for x in lines:  # MFU of time_update (see the module docstring)
+        x["mfu"] = (
+            8 * n_params * x["tokens"] / x["time_update"] / (args.peak_tflops * 1e12 * world)
+            if args.peak_tflops
+            else None
+        )
+    m = lines[-1]  # the steady state: the last iteration
+    start_up = time.perf_counter() - t_main - m["wall"]  # load, engine, env workers; and their teardown
+    keys = (
+        *PHASES,
+        "samples",
+        "episode_length",
+        "prompt_tokens",
+        "response_tokens",
+        "update_tokens_per_s",
+        "mfu",
+        "logp_gap",
+        "time_logprobs",
+    )
+    res = {
+        "shape": args.shape,
+        "params": n_params,
+        "argv": argv,
+        "start_up_s": start_up,
+        **{k: m.get(k) for k in keys},
+        "per_iteration": [{k: x.get(k) for k in keys} for x in lines],
+    }
     print("(no model was saved, whatever train.py's last lines say: the bench leaves the checkpoint out)")
-    print(f"\n{len(lines)} iteration(s) of python train.py {' '.join(argv)} (model {args.shape}); "
-          f"train.py's set-up (and teardown) around them {start_up:.0f} s")
-    print("| iteration | " + " | ".join(k[5:] for k in PHASES) + " | samples | prompt / response tokens per sample | "
-          "update tokens/s | MFU | of the update: log-probs / step |")
+    print(
+        f"\n{len(lines)} iteration(s) of python train.py {' '.join(argv)} (model {args.shape}); "
+        f"train.py's set-up (and teardown) around them {start_up:.0f} s"
+    )
+    print(
+        "| iteration | "
+        + " | ".join(k[5:] for k in PHASES)
+        + " | samples | prompt / response tokens per sample | "
+        "update tokens/s | MFU | of the update: log-probs / step |"
+    )
     print("|---" * (len(PHASES) + 6) + "|")
     for x in lines:
         mfu = f"{x['mfu']:.1%}" if x.get("mfu") is not None else "-"
-        print(f"| {x['iteration']} | " + " | ".join(f"{x[k]:.1f}" for k in PHASES) + f" | {x['samples']:.0f} | "
-              f"{x['prompt_tokens']:.0f} / {x['response_tokens']:.0f} | {x['update_tokens_per_s']:,.0f} | {mfu} | "
-              f"{x['time_logprobs']:.1f} / {x['time_update'] - x['time_logprobs']:.1f} |")
+        print(
+            f"| {x['iteration']} | " + " | ".join(f"{x[k]:.1f}" for k in PHASES) + f" | {x['samples']:.0f} | "
+            f"{x['prompt_tokens']:.0f} / {x['response_tokens']:.0f} | {x['update_tokens_per_s']:,.0f} | {mfu} | "
+            f"{x['time_logprobs']:.1f} / {x['time_update'] - x['time_logprobs']:.1f} |"
+        )
     phases = {k[5:]: m[k] for k in PHASES[:-1]}
     top = max(phases, key=phases.get)
-    print(f"steady state (iteration {m['iteration']}): {m['time_iteration']:.1f} s; largest phase: {top}, "
-          f"{phases[top] / m['time_iteration']:.0%} of it")
+    print(
+        f"steady state (iteration {m['iteration']}): {m['time_iteration']:.1f} s; largest phase: {top}, "
+        f"{phases[top] / m['time_iteration']:.0%} of it"
+    )
     if len(lines) > 1:
         first = lines[0]
-        print(f"iteration 1 took {first['time_iteration'] - m['time_iteration']:+.1f} s more "
-              f"({first['time_update'] - m['time_update']:+.1f} s in the update, "
-              f"{first['time_gen'] - m['time_gen']:+.1f} s in generation): its first calls (under --compile, "
-              f"torch.compile's warm-up)")
+        print(
+            f"iteration 1 took {first['time_iteration'] - m['time_iteration']:+.1f} s more "
+            f"({first['time_update'] - m['time_update']:+.1f} s in the update, "
+            f"{first['time_gen'] - m['time_gen']:+.1f} s in generation): its first calls (under --compile, "
+            f"torch.compile's warm-up)"
+        )
     if args.json:
         with open(args.json, "a") as f:
             f.write(json.dumps(res) + "\n")
-    print(f"bench total {time.perf_counter() - t_start:.0f} s (model folder, train.py's set-up, the iterations)")
+    print(
+        f"bench total {time.perf_counter() - t_start:.0f} s (model folder, train.py's set-up, the iterations)"
+    )
 
 
 if __name__ == "__main__":

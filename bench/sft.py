@@ -14,6 +14,7 @@ the reply's first position. Reported every --eval_every steps, for a fresh copy 
 If the held-out share stays low even here, RL (a noisier signal about the same map) will not get
 there either with this prompt and model.
 """
+
 import argparse
 import copy
 import random
@@ -27,6 +28,7 @@ from ppo import make_batch
 from prompts import prompt_module
 from rollout import render_prompts
 
+
 def first_tokens(tok):
     """Each move's first token id as the model would start its reply (the four must differ)."""
     ids = {m: tok(m, add_special_tokens=False).input_ids[0] for m in MOVES}
@@ -38,10 +40,15 @@ def first_tokens(tok):
 def last_logits(model, rows, pad_id, device):
     """Prompts -> the logits at each prompt's last position, (B, V): ppo.make_batch's left-padded
     rows, with no response tokens."""
-    batch = make_batch([SimpleNamespace(prompt_ids=r, response_ids=[]) for r in rows], range(len(rows)), pad_id, False)
+    batch = make_batch(
+        [SimpleNamespace(prompt_ids=r, response_ids=[]) for r in rows], range(len(rows)), pad_id, False
+    )
     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-        out = model(**{k: v.to(device) for k, v in batch["inputs"].items() if torch.is_tensor(v)},
-                    logits_to_keep=1, use_cache=False)
+        out = model(
+            **{k: v.to(device) for k, v in batch["inputs"].items() if torch.is_tensor(v)},
+            logits_to_keep=1,
+            use_cache=False,
+        )
     return out.logits[:, -1].float()
 
 
@@ -49,7 +56,10 @@ def last_logits(model, rows, pad_id, device):
 def greedy_policy(model, prompts, pad_id, device, move_of, batch=128):
     acts = []
     for i in range(0, len(prompts), batch):
-        acts += [move_of.get(t, "invalid") for t in last_logits(model, prompts[i:i + batch], pad_id, device).argmax(-1).tolist()]
+        acts += [
+            move_of.get(t, "invalid")
+            for t in last_logits(model, prompts[i : i + batch], pad_id, device).argmax(-1).tolist()
+        ]
     return acts
 
 
@@ -69,7 +79,9 @@ def policy_success(policy, states, max_steps=10):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", required=True, help="a chat model directory (python smollm2.py DIR writes one)")
+    ap.add_argument(
+        "--model", required=True, help="a chat model directory (python smollm2.py DIR writes one)"
+    )
     ap.add_argument("--lr", type=float, nargs="+", default=[1e-6, 1e-5, 1e-4])
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--batch", type=int, default=32)
@@ -82,15 +94,19 @@ def main(argv=None):
     base = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
     prompt = prompt_module("treasure", chat=True)
     states = all_states()
-    prompts = render_prompts(tok, [prompt.build("t", "", f"at {a} treasure {b}", list(MOVES), 0) for a, b in states])
+    prompts = render_prompts(
+        tok, [prompt.build("t", "", f"at {a} treasure {b}", list(MOVES), 0) for a, b in states]
+    )
     tid = first_tokens(tok)
     move_of = {v: k for k, v in tid.items()}
     order = list(range(len(states)))
     random.Random(args.seed).shuffle(order)
-    train_idx, test_idx = order[:2 * len(order) // 3], order[2 * len(order) // 3:]
+    train_idx, test_idx = order[: 2 * len(order) // 3], order[2 * len(order) // 3 :]
     targets = [torch.tensor([tid[m] for m in shortest_moves(*s)]) for s in states]
-    print(f"bench.sft: {args.model}, {len(train_idx)} train / {len(test_idx)} held-out states, batch {args.batch}, "
-          f"{args.steps} steps, AdamW, {device}")
+    print(
+        f"bench.sft: {args.model}, {len(train_idx)} train / {len(test_idx)} held-out states, batch {args.batch}, "
+        f"{args.steps} steps, AdamW, {device}"
+    )
     print("| lr | step | train loss | held_out | policy | invalid |\n|---|---|---|---|---|---|")
     for lr in args.lr:
         torch.manual_seed(args.seed)
@@ -104,15 +120,19 @@ def main(argv=None):
                 held = sum(acts[i] in shortest_moves(*states[i]) for i in test_idx) / len(test_idx)
                 pol = policy_success(dict(zip(states, acts)), states)
                 loss = f"{sum(losses) / len(losses):.3f}" if losses else "-"
-                print(f"| {lr:g} | {step} | {loss} | {held:.3f} | {pol:.3f} | {acts.count('invalid') / len(acts):.3f} |",
-                      flush=True)
+                print(
+                    f"| {lr:g} | {step} | {loss} | {held:.3f} | {pol:.3f} | {acts.count('invalid') / len(acts):.3f} |",
+                    flush=True,
+                )
                 losses = []
                 model.train()
             if step == args.steps:
                 break
             batch = rng.sample(train_idx, args.batch)
             logp = torch.log_softmax(last_logits(model, [prompts[i] for i in batch], pad_id, device), -1)
-            loss = -torch.stack([logp[j, targets[i].to(device)].logsumexp(0) for j, i in enumerate(batch)]).mean()
+            loss = -torch.stack(
+                [logp[j, targets[i].to(device)].logsumexp(0) for j, i in enumerate(batch)]
+            ).mean()
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()

@@ -20,6 +20,7 @@ sets of the configs' sizes, ties at mid-rank) up to 200,000 splits, and from 200
 "final", and the bar counts only up to N (e.g. `--report --at 10`: did two configs differ that early?;
 `--at 10 50 150` prints one table per N).
 """
+
 import argparse
 import itertools
 import json
@@ -33,7 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
 
 
 def parse_runs(specs):
@@ -42,28 +43,47 @@ def parse_runs(specs):
     for spec in specs:
         name, _, extra = spec.partition("=")
         if not name or "/" in name or name.startswith(".") or name in dict(runs):
-            sys.exit(f"error: --run {name or repr(spec)}: " + (
-                "given twice; each config needs its own name (its runs go to OUT/NAME-sSEED)"
-                if name in dict(runs) else "NAME must be a folder name (no '/', not empty, no leading '.')"))
+            sys.exit(
+                f"error: --run {name or repr(spec)}: "
+                + (
+                    "given twice; each config needs its own name (its runs go to OUT/NAME-sSEED)"
+                    if name in dict(runs)
+                    else "NAME must be a folder name (no '/', not empty, no leading '.')"
+                )
+            )
         try:
             flags = shlex.split(extra)
-        except ValueError as e:   # an unbalanced quote
+        except ValueError as e:  # an unbalanced quote
             sys.exit(f"error: --run {name}: {e} in {extra!r}")
         for flag in ("--seed", "--out_dir"):
             if any(f == flag or f.startswith(flag + "=") for f in flags):
-                sys.exit(f"error: --run {name}: {flag} is the sweep's to set (" +
-                         ("--seeds" if flag == "--seed" else "--out") + "); remove it from the run's flags")
+                sys.exit(
+                    f"error: --run {name}: {flag} is the sweep's to set ("
+                    + ("--seeds" if flag == "--seed" else "--out")
+                    + "); remove it from the run's flags"
+                )
         runs.append((name, flags))
     return runs
 
 
 def run_one(k, name, flags, seed, args):
     out = os.path.join(args.out, f"{name}-s{seed}")
-    cmd = [sys.executable, os.path.join(ROOT, "train.py"), "--seed", str(seed), "--threads", str(args.threads),
-           "--device", args.device, "--out_dir", out, *flags]
+    cmd = [
+        sys.executable,
+        os.path.join(ROOT, "train.py"),
+        "--seed",
+        str(seed),
+        "--threads",
+        str(args.threads),
+        "--device",
+        args.device,
+        "--out_dir",
+        out,
+        *flags,
+    ]
     time.sleep(k % args.parallel * args.stagger if k < args.parallel else 0)
     t0 = time.time()
-    with open(out + ".log", "w") as log:   # on GPU each run is its own world of 1 (a free port each)
+    with open(out + ".log", "w") as log:  # on GPU each run is its own world of 1 (a free port each)
         rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode
     print(f"{name} seed {seed}: rc {rc}, {time.time() - t0:.0f}s", flush=True)
     return name, seed, out, rc
@@ -78,19 +98,27 @@ def summarise(name, runs, bar, at=None, show=True):
         ms = [m for m in ms if at is None or m["iteration"] <= at]
         evals = [m for m in ms if m.get("eval_success") is not None]
         hit = next((m for m in ms if (m.get("eval_success") or 0) >= bar), None)
-        rows.append({"final": evals[-1]["eval_success"] if evals else float("nan"),   # a stopped run: its last eval
-                     "it_bar": hit["iteration"] if hit else None, "wall_bar": hit["wall"] if hit else None,
-                     "wall": ms[-1]["wall"] if ms else float("nan"), "peak": max([m["eval_success"] for m in evals] or [0]),
-                     "last": ms[-1]["iteration"] if ms else 0})
+        rows.append(
+            {
+                "final": evals[-1]["eval_success"] if evals else float("nan"),  # a stopped run: its last eval
+                "it_bar": hit["iteration"] if hit else None,
+                "wall_bar": hit["wall"] if hit else None,
+                "wall": ms[-1]["wall"] if ms else float("nan"),
+                "peak": max([m["eval_success"] for m in evals] or [0]),
+                "last": ms[-1]["iteration"] if ms else 0,
+            }
+        )
     fin = np.array([r["final"] for r in rows])
     reached = [r for r in rows if r["it_bar"] is not None]
     its = np.array([r["it_bar"] for r in reached], float)
     walls = np.array([r["wall_bar"] for r in reached], float)
     fmt = lambda a, p: f"{a.mean():.{p}f} +- {a.std():.{p}f}" if len(a) else "-"
     if show:
-        print(f"| {name} | {len(reached)}/{len(rows)} | {fmt(its, 0)} | {fmt(walls, 0)} | {fmt(fin, 3)} | "
-              f"{sum(f >= 0.9 for f in fin)}/{len(rows)} | {np.mean([r['wall'] for r in rows]):.0f} | "
-              f"{' '.join(f'{f:.2f}' for f in fin)} |")
+        print(
+            f"| {name} | {len(reached)}/{len(rows)} | {fmt(its, 0)} | {fmt(walls, 0)} | {fmt(fin, 3)} | "
+            f"{sum(f >= 0.9 for f in fin)}/{len(rows)} | {np.mean([r['wall'] for r in rows]):.0f} | "
+            f"{' '.join(f'{f:.2f}' for f in fin)} |"
+        )
     return rows
 
 
@@ -102,7 +130,7 @@ def mann_whitney(a, b, max_splits=200_000, seed=0):
     observed one: every split when there are at most max_splits, else max_splits random ones."""
     x = np.concatenate([np.asarray(a, float), np.asarray(b, float)])
     values, inverse, counts = np.unique(x, return_inverse=True, return_counts=True)
-    ranks = (np.cumsum(counts) - (counts - 1) / 2)[inverse]          # 1-based mid-ranks
+    ranks = (np.cumsum(counts) - (counts - 1) / 2)[inverse]  # 1-based mid-ranks
     na, n = len(a), len(x)
     if na == 0 or na == n:
         return float("nan"), float("nan")
@@ -130,21 +158,25 @@ def compare(name_a, rows_a, name_b, rows_b, bar, what="final held-out success"):
     fa, fb = [r["final"] for r in rows_a], [r["final"] for r in rows_b]
     if len(fa) < 2 or len(fb) < 2:
         return
-    if any(math.isnan(f) for f in fa + fb):   # a failed run, or one with no eval by --at
+    if any(math.isnan(f) for f in fa + fb):  # a failed run, or one with no eval by --at
         n = sum(map(math.isnan, fa + fb))
         print(f"{name_a} vs {name_b}: not compared ({n} run{'s' * (n > 1)} without a {what})")
         return
     d, lo, hi = bootstrap_diff(fa, fb)
     u, p = mann_whitney(fa, fb)
-    print(f"{name_a} - {name_b}: {what} {d:+.3f} (95% bootstrap CI {lo:+.3f} .. {hi:+.3f}); "
-          f"Mann-Whitney U = {u:.1f}, p = {p:.3f} (n = {len(fa)}, {len(fb)})")
-    never = 1 + max([r["last"] for r in rows_a + rows_b] + [0])             # never reached: ranks last
+    print(
+        f"{name_a} - {name_b}: {what} {d:+.3f} (95% bootstrap CI {lo:+.3f} .. {hi:+.3f}); "
+        f"Mann-Whitney U = {u:.1f}, p = {p:.3f} (n = {len(fa)}, {len(fb)})"
+    )
+    never = 1 + max([r["last"] for r in rows_a + rows_b] + [0])  # never reached: ranks last
     ia = [r["it_bar"] if r["it_bar"] is not None else never for r in rows_a]
     ib = [r["it_bar"] if r["it_bar"] is not None else never for r in rows_b]
     u, p = mann_whitney(ia, ib)
-    med = lambda x: "never" if np.median(x) >= never else f"{np.median(x):.0f}"   # noqa: E731
-    print(f"{name_a} vs {name_b}: iterations to {bar}: median {med(ia)} vs {med(ib)}; Mann-Whitney U = {u:.1f}, "
-          f"p = {p:.3f}")
+    med = lambda x: "never" if np.median(x) >= never else f"{np.median(x):.0f}"  # noqa: E731
+    print(
+        f"{name_a} vs {name_b}: iterations to {bar}: median {med(ia)} vs {med(ib)}; Mann-Whitney U = {u:.1f}, "
+        f"p = {p:.3f}"
+    )
 
 
 def main():
@@ -154,21 +186,34 @@ def main():
     ap.add_argument("--parallel", type=int, default=1)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--device", default="cpu", help="cpu | cuda (all runs share the GPU)")
-    ap.add_argument("--stagger", type=float, default=0.0, help="seconds between the first starts (vLLM "
-                    "engines sizing their memory at the same moment on one GPU can misjudge it)")
+    ap.add_argument(
+        "--stagger",
+        type=float,
+        default=0.0,
+        help="seconds between the first starts (vLLM "
+        "engines sizing their memory at the same moment on one GPU can misjudge it)",
+    )
     ap.add_argument("--bar", type=float, default=0.8, help="held-out success to time")
     ap.add_argument("--out", default="out/bench")
     ap.add_argument("--report", action="store_true", help="only summarise the runs already in --out")
-    ap.add_argument("--at", type=int, nargs="+", default=[None], help="read the runs only up to this iteration "
-                    "('final' = the last eval at or before it); several: one table each")
+    ap.add_argument(
+        "--at",
+        type=int,
+        nargs="+",
+        default=[None],
+        help="read the runs only up to this iteration "
+        "('final' = the last eval at or before it); several: one table each",
+    )
     args = ap.parse_args()
     runs = parse_runs(args.run)
     jobs = [(name, flags, seed) for name, flags in runs for seed in args.seeds]
     dirs = [os.path.join(args.out, f"{name}-s{seed}") for name, _, seed in jobs]
     held = [d for d in dirs if os.path.isdir(d) and os.listdir(d)]
     if held and not args.report:
-        sys.exit(f"error: {held[0]} already holds a run ({len(held)} of the {len(dirs)} run dirs do): "
-                 f"--report summarises them; a new --out runs the sweep again")
+        sys.exit(
+            f"error: {held[0]} already holds a run ({len(held)} of the {len(dirs)} run dirs do): "
+            f"--report summarises them; a new --out runs the sweep again"
+        )
     os.makedirs(args.out, exist_ok=True)
     if args.report:
         done = [(name, seed, d, None) for (name, _, seed), d in zip(jobs, dirs)]
@@ -177,23 +222,39 @@ def main():
             done = list(pool.map(lambda kj: run_one(kj[0], *kj[1], args), enumerate(jobs)))
     for at in args.at:
         final = "final" if at is None else f"at iteration {at}:"
-        print(f"\n| config | reached {args.bar} | iterations to {args.bar} | seconds to {args.bar} | {final} held-out "
-              f"success | {final} >= 0.9 | run seconds | {final} |\n|---|---|---|---|---|---|---|---|")
-        rows = {name: summarise(name, [out for n, _, out, _ in done if n == name], args.bar, at)
-                for name, _ in runs}
+        print(
+            f"\n| config | reached {args.bar} | iterations to {args.bar} | seconds to {args.bar} | {final} held-out "
+            f"success | {final} >= 0.9 | run seconds | {final} |\n|---|---|---|---|---|---|---|---|"
+        )
+        rows = {
+            name: summarise(name, [out for n, _, out, _ in done if n == name], args.bar, at)
+            for name, _ in runs
+        }
         first, *others = list(rows)
         if others:
             print()
         for other in others:
-            compare(first, rows[first], other, rows[other], args.bar,
-                    "final held-out success" if at is None else f"held-out success at iteration {at}")
-    final = [r for name, _ in runs
-             for r in summarise(name, [d for n, _, d, _ in done if n == name], args.bar, show=False)]
-    failed = [(name, seed, d) for (name, seed, d, rc), row in zip(done, final)
-              if rc or math.isnan(row["final"])]
+            compare(
+                first,
+                rows[first],
+                other,
+                rows[other],
+                args.bar,
+                "final held-out success" if at is None else f"held-out success at iteration {at}",
+            )
+    final = [
+        r
+        for name, _ in runs
+        for r in summarise(name, [d for n, _, d, _ in done if n == name], args.bar, show=False)
+    ]
+    failed = [
+        (name, seed, d) for (name, seed, d, rc), row in zip(done, final) if rc or math.isnan(row["final"])
+    ]
     if failed:
-        sys.exit(f"error: {len(failed)} of {len(done)} runs failed or have no held-out eval: " + ", ".join(
-            f"{name} seed {seed} ({d}.log)" for name, seed, d in failed))
+        sys.exit(
+            f"error: {len(failed)} of {len(done)} runs failed or have no held-out eval: "
+            + ", ".join(f"{name} seed {seed} ({d}.log)" for name, seed, d in failed)
+        )
 
 
 if __name__ == "__main__":

@@ -8,14 +8,15 @@ treasure lies: per relative position, the share of states where the action is a 
 and the actions taken. It loads and runs a model, so it lives here, not in envs/treasure.py (no env
 imports a model).
 """
+
 import argparse
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from engine import HFEngine
 from envs.treasure import MOVES, all_states, shortest_moves
 from prompts import prompt_module
-from engine import HFEngine
 from rollout import render_prompts
 from tiny import is_tiny
 
@@ -31,16 +32,21 @@ def action_table(model_dir, size=5, max_tokens=None):
     tiny = is_tiny(model_dir)
     prompt = prompt_module("treasure", chat=not tiny)
     states = all_states(size)
-    ids = render_prompts(tok, [prompt.build("t", "", f"at {a} treasure {b}", list(MOVES), 0)
-                               for a, b in states])
-    outs = HFEngine(model.to(device).eval(), tok).generate(ids, temperature=0,
-                                                            max_tokens=max_tokens or (1 if tiny else 4))
+    ids = render_prompts(
+        tok, [prompt.build("t", "", f"at {a} treasure {b}", list(MOVES), 0) for a, b in states]
+    )
+    outs = HFEngine(model.to(device).eval(), tok).generate(
+        ids, temperature=0, max_tokens=max_tokens or (1 if tiny else 4)
+    )
     table = {}
     for ((r, c), (tr, tc)), (out, _) in zip(states, outs):
         act, _ = prompt.parse(tok.decode(out, skip_special_tokens=True), list(MOVES))
         good = shortest_moves((r, c), (tr, tc))
-        key = ("above" if tr < r else "below" if tr > r else "same row") + ", " + \
-              ("left" if tc < c else "right" if tc > c else "same column")
+        key = (
+            ("above" if tr < r else "below" if tr > r else "same row")
+            + ", "
+            + ("left" if tc < c else "right" if tc > c else "same column")
+        )
         row = table.setdefault(key, {"n": 0, "good": 0, "acts": {}})
         row["n"] += 1
         row["good"] += act in good
@@ -57,7 +63,11 @@ def action_table(model_dir, size=5, max_tokens=None):
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", required=True, help="a saved model folder (out/model) or an HF name")
-    ap.add_argument("--max_tokens", type=int, default=None,
-                    help="the reply length the run trained with (default: 1 for a tiny model, else 4)")
+    ap.add_argument(
+        "--max_tokens",
+        type=int,
+        default=None,
+        help="the reply length the run trained with (default: 1 for a tiny model, else 4)",
+    )
     args = ap.parse_args()
     action_table(args.model, max_tokens=args.max_tokens)

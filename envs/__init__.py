@@ -29,6 +29,7 @@ Optional hooks (an env without them gets the default; ALFWorld uses all three):
         paper's setup)
 An env instance may also carry `max_steps` (the batch arithmetic printed at start shows it).
 """
+
 import importlib
 
 import gymnasium
@@ -47,6 +48,7 @@ class TextSpace(gymnasium.spaces.Space):
 
     def sample(self, mask=None, probability=None):
         return self.examples[int(self.np_random.integers(len(self.examples)))]
+
 
 ENVS = {  # name -> (module, class, default kwargs)
     "treasure": ("envs.treasure", "TreasureHunt", {}),
@@ -75,13 +77,16 @@ def parse_env_args(name, text):
     arguments (ValueError naming the flag otherwise). Values are Python literals, else strings."""
     import ast
     import inspect
+
     known = set(inspect.signature(env_class(name)).parameters)
     out = {}
     for item in filter(None, (t.strip() for t in text.split(","))):
         key, eq, value = item.partition("=")
         if not eq or key.strip() not in known:
-            raise ValueError(f"--env_args {text!r}: {item!r} is not key=value with a key of {name}'s "
-                             f"arguments ({', '.join(sorted(known))})")
+            raise ValueError(
+                f"--env_args {text!r}: {item!r} is not key=value with a key of {name}'s "
+                f"arguments ({', '.join(sorted(known))})"
+            )
         try:
             out[key.strip()] = ast.literal_eval(value.strip())
         except (ValueError, SyntaxError):
@@ -103,7 +108,7 @@ def make_env(name, **kwargs):
     return env_class(name)(**{**ENVS[name][2], **kwargs})
 
 
-for _name, (_module, _cls, _kw) in ENVS.items():   # gymnasium.make("gigpo/TreasureHunt-v0", size=6)
+for _name, (_module, _cls, _kw) in ENVS.items():  # gymnasium.make("gigpo/TreasureHunt-v0", size=6)
     gymnasium.register(f"gigpo/{_cls}-v0", entry_point=f"{_module}:{_cls}", kwargs=_kw)
 
 

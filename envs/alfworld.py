@@ -42,6 +42,7 @@ won all 274 valid_seen and valid_unseen games (docs/envs.md; tests/test_alfworld
 also after an off-plan move). Cost: none while on the plan; a replan takes 0.2 s in a bedroom to
 2-16 s in a large kitchen (2 loaded cores). Off by default: no planner runs, no key in the info.
 """
+
 import copy
 import functools
 import glob
@@ -55,8 +56,8 @@ import gymnasium
 import textworld
 import textworld.envs.pddl.textgen as textgen
 import textworld.logic as logic
-from textworld.envs.pddl.pddl import PddlEnv
 from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredInfos
+from textworld.envs.pddl.pddl import PddlEnv
 from textworld.envs.wrappers import Filter
 
 from envs import TextSpace
@@ -104,13 +105,13 @@ def give_library_back(env):
 #   every reset, each time translating twice (plain, and optimized for the planner): ~90% of a reset.
 #   32 entries = the last 16 games; a reset of a loaded game, and a group's other envs in the same
 #   worker, skip it.
-SPEEDUPS = {   # name -> (module, attribute, ours)
+SPEEDUPS = {  # name -> (module, attribute, ours)
     "template parses": (textgen, "_parse_and_convert", memoize_copies(textgen._parse_and_convert, 8192)),
     "condition parses": (logic, "_parse_and_convert", memoize_copies(logic._parse_and_convert, 8192)),
     "shallow contexts": (textgen, "copy_context", shallow_context),
     "PDDL translations": (fast_downward, "pddl2sas", memoize_copies(fast_downward.pddl2sas, 32)),
-    "library reuse": (fast_downward, "load_lib", reuse_library),     # the two halves of the reuse
-    "library return": (PddlEnv, "close", give_library_back),         # above (not speed: disk)
+    "library reuse": (fast_downward, "load_lib", reuse_library),  # the two halves of the reuse
+    "library return": (PddlEnv, "close", give_library_back),  # above (not speed: disk)
 }
 ORIGINAL = {name: getattr(module, attr) for name, (module, attr, _) in SPEEDUPS.items()}
 
@@ -124,14 +125,20 @@ def use_speedups(names=tuple(SPEEDUPS)):
 use_speedups()
 
 TASK_TYPES = {  # game folder prefix -> the short name used in the paper's tables
-    "pick_and_place_simple": "pick", "look_at_obj_in_light": "look",
-    "pick_clean_then_place_in_recep": "clean", "pick_heat_then_place_in_recep": "heat",
-    "pick_cool_then_place_in_recep": "cool", "pick_two_obj_and_place": "pick2"}
+    "pick_and_place_simple": "pick",
+    "look_at_obj_in_light": "look",
+    "pick_clean_then_place_in_recep": "clean",
+    "pick_heat_then_place_in_recep": "heat",
+    "pick_cool_then_place_in_recep": "cool",
+    "pick_two_obj_and_place": "pick2",
+}
 
-INERT = "Nothing happens."   # the answer to an action that changes nothing (not admissible, or no effect)
+INERT = "Nothing happens."  # the answer to an action that changes nothing (not admissible, or no effect)
 
 # The paper's training setup for `--env alfworld` is train.py's PRESETS["alfworld"].
-TINY_CORPUS_EPISODES = 3   # `--model tiny` trains its word-level tokenizer on this many random episodes (~1 min)
+TINY_CORPUS_EPISODES = (
+    3  # `--model tiny` trains its word-level tokenizer on this many random episodes (~1 min)
+)
 
 
 def eval_sets(n=None, data_dir=None, names=None):
@@ -144,8 +151,11 @@ def eval_sets(n=None, data_dir=None, names=None):
     if unknown:
         raise ValueError(f"--eval_sets {','.join(names)}: alfworld has the eval sets {','.join(known)}")
     sizes = {split: len(game_files(split, data_dir)) for split in names or known}
-    return {split: ({"split": split}, [k * size // m for k in range(m)])
-            for split, size in sizes.items() for m in [min(size, n or size)]}
+    return {
+        split: ({"split": split}, [k * size // m for k in range(m)])
+        for split, size in sizes.items()
+        for m in [min(size, n or size)]
+    }
 
 
 def data_root(data_dir=None):
@@ -154,12 +164,16 @@ def data_root(data_dir=None):
 
 def game_files(split, data_dir=None):
     root = data_root(data_dir)
-    games = sorted(g for g in glob.glob(os.path.join(root, "json_2.1.1", split, "*", "*", "game.tw-pddl"))
-                   if not any(w in os.path.relpath(g, root) for w in ("movable", "Sliced")))   # not in root's name
+    games = sorted(
+        g
+        for g in glob.glob(os.path.join(root, "json_2.1.1", split, "*", "*", "game.tw-pddl"))
+        if not any(w in os.path.relpath(g, root) for w in ("movable", "Sliced"))
+    )  # not in root's name
     if not games:
         raise FileNotFoundError(
             f"no ALFWorld games under {root}/json_2.1.1/{split}: run `alfworld-download` (needs internet) "
-            f"or unpack json_2.1.1.tgz there (envs.alfworld.unpack), or set $ALFWORLD_DATA")
+            f"or unpack json_2.1.1.tgz there (envs.alfworld.unpack), or set $ALFWORLD_DATA"
+        )
     return games
 
 
@@ -172,8 +186,9 @@ def unpack(archive, dest, splits=("train", "valid_seen", "valid_unseen"), per_ty
     """Extract the game files of `splits` from json_2.1.1.tgz into dest (= a $ALFWORLD_DATA).
     per_type: keep only the first k games (sorted) of each task type of each split (tests)."""
     with tarfile.open(archive) as tar:
-        members = [m for m in tar.getmembers() if m.name.endswith("game.tw-pddl")
-                   and m.name.split("/")[1] in splits]
+        members = [
+            m for m in tar.getmembers() if m.name.endswith("game.tw-pddl") and m.name.split("/")[1] in splits
+        ]
         if per_type:
             kept, count = [], {}
             for m in sorted(members, key=lambda m: m.name):
@@ -189,13 +204,13 @@ def unpack(archive, dest, splits=("train", "valid_seen", "valid_unseen"), per_ty
 class ALFWorld(gymnasium.Env):
     def __init__(self, split="train", data_dir=None, max_steps=50, expert=False, inert_anchor=False):
         for name, value in (("expert", expert), ("inert_anchor", inert_anchor)):
-            if value not in (0, 1):   # True/False/0/1, as --env_args gives them
+            if value not in (0, 1):  # True/False/0/1, as --env_args gives them
                 raise ValueError(f"--env_args {name}={value!r}: alfworld's {name} is 0 or 1")
         self.expert, self.inert_anchor = bool(expert), bool(inert_anchor)
         self.infos = textworld.EnvInfos(won=True, admissible_commands=True, extras=["gamefile"])
         self.plan, self.admissible = [], set()
-        self.games = game_files(split, data_dir)   # listed now: a missing data dir fails at once
-        if split == "train":   # sorted = grouped by task type; a fixed shuffle mixes the types
+        self.games = game_files(split, data_dir)  # listed now: a missing data dir fails at once
+        if split == "train":  # sorted = grouped by task type; a fixed shuffle mixes the types
             random.Random(0).shuffle(self.games)
         self.max_steps = max_steps
         self.env, self.gamefile = None, None
@@ -210,14 +225,16 @@ class ALFWorld(gymnasium.Env):
             if self.env is not None:
                 self.env.close()
             # Filter (state -> the requested infos) must wrap last, or reset crashes
-            self.env = textworld.start(gamefile, self.infos, wrappers=[AlfredDemangler(), AlfredInfos, Filter])
+            self.env = textworld.start(
+                gamefile, self.infos, wrappers=[AlfredDemangler(), AlfredInfos, Filter]
+            )
             self.gamefile = gamefile
         self.plan = self.walkthrough() if self.expert else []
-        self.infos.policy_commands = self.expert and not self.plan   # a game without a walkthrough: plan
+        self.infos.policy_commands = self.expert and not self.plan  # a game without a walkthrough: plan
         obs, infos = self.env.reset()
         if self.infos.policy_commands:
             self.plan = infos["policy_commands"]
-        obs = obs.split("=-\n\n", 1)[-1]   # cut the "-= Welcome to TextWorld, ALFRED! =-" banner
+        obs = obs.split("=-\n\n", 1)[-1]  # cut the "-= Welcome to TextWorld, ALFRED! =-" banner
         self.task = obs.partition("Your task is to: ")[2].strip()
         self.steps, self.anchor = 0, obs
         return obs, self._info(obs, infos)
@@ -228,24 +245,29 @@ class ALFWorld(gymnasium.Env):
         self.env, self.gamefile = None, None
 
     def step(self, action):
-        if self.expert:   # replan only after an action that leaves the plan and changes the state
+        if self.expert:  # replan only after an action that leaves the plan and changes the state
             follows = self.plan[:1] == [action.strip()]
-            inert = action.strip() not in self.admissible    # the env answers "Nothing happens."
+            inert = action.strip() not in self.admissible  # the env answers "Nothing happens."
             self.infos.policy_commands = not (follows or inert)
         obs, _, _, infos = self.env.step(action)
         if self.expert:
             self.plan = self.plan[1:] if follows else self.plan if inert else infos["policy_commands"]
         self.steps += 1
-        if not (self.inert_anchor and obs == INERT):   # else the state, and so the anchor, is unchanged
+        if not (self.inert_anchor and obs == INERT):  # else the state, and so the anchor, is unchanged
             self.anchor = obs
         won = bool(infos["won"])
         truncated = not won and self.steps >= self.max_steps
         return obs, 10.0 * won, won, truncated, self._info(obs, infos)
 
     def _info(self, obs, infos):
-        info = {"task": self.task, "admissible_actions": list(infos["admissible_commands"]),
-                "won": bool(infos["won"]), "anchor": self.anchor, "task_type": task_type(self.gamefile),
-                "gamefile": self.gamefile}
+        info = {
+            "task": self.task,
+            "admissible_actions": list(infos["admissible_commands"]),
+            "won": bool(infos["won"]),
+            "anchor": self.anchor,
+            "task_type": task_type(self.gamefile),
+            "gamefile": self.gamefile,
+        }
         if self.expert:
             self.admissible = set(info["admissible_actions"])
             info["expert_action"] = "" if info["won"] else (self.plan or [""])[0]
@@ -261,6 +283,7 @@ if __name__ == "__main__":
     # replay the walkthrough of every game of a split: checks the data and the engine end to end
     import sys
     import time
+
     split = sys.argv[1] if len(sys.argv) > 1 else "valid_unseen"
     env, won, t0 = ALFWorld(split), 0, time.perf_counter()
     for seed in range(len(env.games)):

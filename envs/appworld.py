@@ -26,6 +26,7 @@ Tasks: reset(seed) plays task seed % N of the split (train, dev, test_normal, te
 eval set "test_normal" plays that split in order. `python -m envs.demo appworld DIR` writes a small
 task set in AppWorld's own format (made with AppWorld's code) for the tests and a demo.
 """
+
 import fcntl
 import hashlib
 import json
@@ -43,13 +44,20 @@ import gymnasium
 from envs import TextSpace
 
 SPLITS = ("train", "dev", "test_normal", "test_challenge")
-INVALID = ("Your previous reply had no code to run. Reason inside <think> </think>, then put the Python "
-           "code to run between <code> and </code>.")
-SUGGESTED = ["print(apis.api_docs.show_app_descriptions())", "print(apis.supervisor.show_active_task())",
-             "apis.supervisor.complete_task(status='fail')"]
-SERVE_HINT = ("start them with `python -m envs.appworld serve N` and give --env_args servers=URL;URL or "
-              "$APPWORLD_SERVERS")
-TINY_CORPUS_EPISODES = 4   # each one needs a server: keep the tiny model's corpus small
+INVALID = (
+    "Your previous reply had no code to run. Reason inside <think> </think>, then put the Python "
+    "code to run between <code> and </code>."
+)
+SUGGESTED = [
+    "print(apis.api_docs.show_app_descriptions())",
+    "print(apis.supervisor.show_active_task())",
+    "apis.supervisor.complete_task(status='fail')",
+]
+SERVE_HINT = (
+    "start them with `python -m envs.appworld serve N` and give --env_args servers=URL;URL or "
+    "$APPWORLD_SERVERS"
+)
+TINY_CORPUS_EPISODES = 4  # each one needs a server: keep the tiny model's corpus small
 VENV = os.environ.get("APPWORLD_VENV", os.path.expanduser("~/appworld-venv"))
 
 
@@ -59,7 +67,8 @@ def data_root(data_dir=None):
         raise FileNotFoundError(
             f"appworld: no AppWorld data ({root or 'no root given'}): give --env_args data_dir=DIR or set "
             f"$APPWORLD_ROOT to a folder with data/datasets and data/tasks (`python -m envs.appworld "
-            f"install` downloads them), or make the demo set: python -m envs.demo appworld DIR")
+            f"install` downloads them), or make the demo set: python -m envs.demo appworld DIR"
+        )
     return root
 
 
@@ -67,7 +76,7 @@ def task_ids(root, split):
     path = os.path.join(root, "data", "datasets", f"{split}.txt")
     if not os.path.exists(path):
         raise FileNotFoundError(f"appworld: no {path}: the {split} split's task ids, one a line")
-    with open(path) as f:   # AppWorld's load_task_ids: "id[:tag]" lines
+    with open(path) as f:  # AppWorld's load_task_ids: "id[:tag]" lines
         ids = [line.split(":")[0].strip() for line in f if line.strip()]
     if not ids:
         raise FileNotFoundError(f"appworld: {path} lists no task")
@@ -109,14 +118,17 @@ def claim_server(urls):
             return url, lock
         except OSError:
             lock.close()
-    raise RuntimeError(f"appworld: all {len(urls)} AppWorld servers are held by other envs; each env needs "
-                       f"its own: {SERVE_HINT}")
+    raise RuntimeError(
+        f"appworld: all {len(urls)} AppWorld servers are held by other envs; each env needs "
+        f"its own: {SERVE_HINT}"
+    )
 
 
 def call(url, method, timeout=600, **body):
     """POST url/method with a JSON body -> its "output" (AppWorld's environment server protocol)."""
-    request = urllib.request.Request(f"{url}/{method}", json.dumps(body).encode(),
-                                     {"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        f"{url}/{method}", json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             return json.load(response)["output"]
@@ -125,23 +137,26 @@ def call(url, method, timeout=600, **body):
         raise RuntimeError(f"appworld: server {url} failed on /{method} (HTTP {e.code}): {detail}") from None
     except (urllib.error.URLError, ConnectionError, TimeoutError) as e:
         reason = getattr(e, "reason", e)
-        raise RuntimeError(f"appworld: no AppWorld environment server answers at {url} ({reason}): "
-                           f"{SERVE_HINT}") from None
+        raise RuntimeError(
+            f"appworld: no AppWorld environment server answers at {url} ({reason}): {SERVE_HINT}"
+        ) from None
 
 
 class AppWorld(gymnasium.Env):
     def __init__(self, data_dir=None, split="train", servers="", max_steps=50, timeout=600):
         if split not in SPLITS or type(max_steps) is not int or max_steps < 1:
-            raise ValueError(f"appworld: split must be one of {', '.join(SPLITS)} and max_steps an integer "
-                             f">= 1; got split={split!r} max_steps={max_steps!r}")
+            raise ValueError(
+                f"appworld: split must be one of {', '.join(SPLITS)} and max_steps an integer "
+                f">= 1; got split={split!r} max_steps={max_steps!r}"
+            )
         self.root, self.split, self.max_steps, self.timeout = data_root(data_dir), split, max_steps, timeout
         self.tasks = task_ids(self.root, split)
         self.urls, self.url, self.lock = servers_list(servers), None, None
-        self.task_id, self.open = None, False   # open: a task world is up on the server
+        self.task_id, self.open = None, False  # open: a task world is up on the server
         self.observation_space, self.action_space = TextSpace(), TextSpace(SUGGESTED)
 
     def _server(self):
-        if self.url is None:   # at the first reset, not in __init__: train.py's checks build unplayed envs
+        if self.url is None:  # at the first reset, not in __init__: train.py's checks build unplayed envs
             if not self.urls:
                 raise RuntimeError(f"appworld: no AppWorld server given: {SERVE_HINT}")
             self.url, self.lock = claim_server(self.urls)
@@ -155,12 +170,19 @@ class AppWorld(gymnasium.Env):
         self.task_id, self.steps, self.done = self.tasks[seed % len(self.tasks)], 0, False
         # experiment_name: each server writes its world's state under experiments/outputs/<name>/, and the
         # envs of a group play one task: one name per server keeps their files apart
-        out = call(url, "initialize", self.timeout, task_id=self.task_id,
-                   experiment_name="gigpo-" + re.sub(r"\W+", "-", url.split("//")[-1]))
+        out = call(
+            url,
+            "initialize",
+            self.timeout,
+            task_id=self.task_id,
+            experiment_name="gigpo-" + re.sub(r"\W+", "-", url.split("//")[-1]),
+        )
         self.open, sup = True, out["supervisor"]
-        obs = (f"My name is: {sup['first_name']} {sup['last_name']}. My personal email address is: "
-               f"{sup['email']} and phone number: {sup['phone_number']}.\nTask: {out['instruction']}")
-        self.first_obs, self.type = obs, task_type(self.root, self.task_id)   # the prompt shows it every step
+        obs = (
+            f"My name is: {sup['first_name']} {sup['last_name']}. My personal email address is: "
+            f"{sup['email']} and phone number: {sup['phone_number']}.\nTask: {out['instruction']}"
+        )
+        self.first_obs, self.type = obs, task_type(self.root, self.task_id)  # the prompt shows it every step
         return obs, self._info(False, obs)
 
     def step(self, action):
@@ -185,8 +207,14 @@ class AppWorld(gymnasium.Env):
 
     def _info(self, won, obs):
         # the anchor is the output the code just printed: GiGPO groups the steps of a group that saw the same
-        return {"task": self.first_obs, "admissible_actions": list(SUGGESTED), "won": won, "anchor": obs,
-                "task_type": self.type, "task_id": self.task_id}
+        return {
+            "task": self.first_obs,
+            "admissible_actions": list(SUGGESTED),
+            "won": won,
+            "anchor": obs,
+            "task_type": self.type,
+            "task_id": self.task_id,
+        }
 
     def _close_task(self):
         """Frees the server's world (its in-memory databases); a server already gone needs nothing freed."""
@@ -218,16 +246,28 @@ def serve(n, root, port=8000, venv=VENV):
     processes)."""
     exe = os.path.join(venv, "bin", "appworld")
     if not os.path.exists(exe):
-        raise FileNotFoundError(f"appworld: no {exe}: run `python -m envs.appworld install` (or set "
-                                f"$APPWORLD_VENV)")
+        raise FileNotFoundError(
+            f"appworld: no {exe}: run `python -m envs.appworld install` (or set $APPWORLD_VENV)"
+        )
     procs, urls = [], [f"http://127.0.0.1:{port + i}" for i in range(n)]
-    logs = [os.path.join(root, f"server-{port + i}.log") for i in range(n)]   # a file: a pipe would fill
+    logs = [os.path.join(root, f"server-{port + i}.log") for i in range(n)]  # a file: a pipe would fill
     for i in range(n):
         with open(logs[i], "w") as log:
-            command = [exe, "serve", "environment", "--port", str(port + i), "--root", root,
-                       "--no-show-usage"]
-            procs.append(subprocess.Popen(command, env={**os.environ, "APPWORLD_ROOT": root}, stdout=log,
-                                          stderr=subprocess.STDOUT))
+            command = [
+                exe,
+                "serve",
+                "environment",
+                "--port",
+                str(port + i),
+                "--root",
+                root,
+                "--no-show-usage",
+            ]
+            procs.append(
+                subprocess.Popen(
+                    command, env={**os.environ, "APPWORLD_ROOT": root}, stdout=log, stderr=subprocess.STDOUT
+                )
+            )
     for url, p, log in zip(urls, procs, logs):
         while True:
             try:
@@ -235,7 +275,7 @@ def serve(n, root, port=8000, venv=VENV):
                 break
             except OSError:
                 if p.poll() is not None:
-                    for q in procs:   # no half-started set left running
+                    for q in procs:  # no half-started set left running
                         q.kill()
                     with open(log) as f:
                         tail = " ".join(f.read().split())[-300:]
@@ -252,12 +292,14 @@ cd "$2" && "$1/bin/appworld" download data
 """
 
 if __name__ == "__main__":
-    usage = ("usage: python -m envs.appworld install [ROOT]   (AppWorld in $APPWORLD_VENV, data in ROOT)\n"
-             "       python -m envs.appworld serve N [ROOT] [PORT]   (N servers; Ctrl-C stops them)")
+    usage = (
+        "usage: python -m envs.appworld install [ROOT]   (AppWorld in $APPWORLD_VENV, data in ROOT)\n"
+        "       python -m envs.appworld serve N [ROOT] [PORT]   (N servers; Ctrl-C stops them)"
+    )
     args = sys.argv[1:]
     if not args or args[0] not in ("install", "serve") or (args[0] == "serve" and len(args) < 2):
         sys.exit(usage)
-    k = 2 if args[0] == "serve" else 1   # where ROOT is
+    k = 2 if args[0] == "serve" else 1  # where ROOT is
     root = os.path.abspath(args[k] if len(args) > k else os.environ.get("APPWORLD_ROOT", "appworld_root"))
     if args[0] == "install":
         os.makedirs(root, exist_ok=True)
@@ -266,10 +308,13 @@ if __name__ == "__main__":
     else:
         try:
             urls, procs = serve(int(args[1]), root, int(args[3]) if len(args) > 3 else 8000)
-        except (FileNotFoundError, RuntimeError) as e:   # one line, not a traceback
+        except (FileNotFoundError, RuntimeError) as e:  # one line, not a traceback
             sys.exit(f"error: {e}")
-        print(f"{len(procs)} AppWorld servers up; in another shell:\n  export APPWORLD_ROOT={root} "
-              f"APPWORLD_SERVERS='{urls}'\n  python train.py --env appworld", flush=True)
+        print(
+            f"{len(procs)} AppWorld servers up; in another shell:\n  export APPWORLD_ROOT={root} "
+            f"APPWORLD_SERVERS='{urls}'\n  python train.py --env appworld",
+            flush=True,
+        )
         try:
             for p in procs:
                 p.wait()

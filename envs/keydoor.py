@@ -37,6 +37,7 @@ ALFWorld answers an inert action, and so its anchor there), pooling all such ste
 one step group whatever their state; the observation the policy sees is unchanged. It measures
 what that pooling costs GiGPO (bench/README.md, "Key and door").
 """
+
 import math
 import random
 import re
@@ -47,19 +48,28 @@ import gymnasium
 from envs import TextSpace
 
 MOVES = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}
-INERT = "Nothing happens."   # --env_args pool_bumps=1: the anchor after a move that changed nothing
+INERT = "Nothing happens."  # --env_args pool_bumps=1: the anchor after a move that changed nothing
 
 
 class KeyDoor(gymnasium.Env):
     def __init__(self, size=5, max_steps=40, walls=0, key=1, pool_bumps=0):
         if not all(type(v) is int for v in (size, max_steps, walls, key, pool_bumps)):
-            raise ValueError(f"keydoor: size, max_steps, walls, key and pool_bumps must be integers; got size={size!r} "
-                             f"max_steps={max_steps!r} walls={walls!r} key={key!r} pool_bumps={pool_bumps!r}")
-        if size < 2 or max_steps < 1 or not 0 <= walls <= size * size // 3 or key not in (0, 1) \
-                or pool_bumps not in (0, 1):
-            raise ValueError(f"keydoor: need size >= 2, max_steps >= 1, 0 <= walls <= size^2 / 3, key and "
-                             f"pool_bumps 0 or 1; got size={size} max_steps={max_steps} walls={walls} key={key} "
-                             f"pool_bumps={pool_bumps}")
+            raise ValueError(
+                f"keydoor: size, max_steps, walls, key and pool_bumps must be integers; got size={size!r} "
+                f"max_steps={max_steps!r} walls={walls!r} key={key!r} pool_bumps={pool_bumps!r}"
+            )
+        if (
+            size < 2
+            or max_steps < 1
+            or not 0 <= walls <= size * size // 3
+            or key not in (0, 1)
+            or pool_bumps not in (0, 1)
+        ):
+            raise ValueError(
+                f"keydoor: need size >= 2, max_steps >= 1, 0 <= walls <= size^2 / 3, key and "
+                f"pool_bumps 0 or 1; got size={size} max_steps={max_steps} walls={walls} key={key} "
+                f"pool_bumps={pool_bumps}"
+            )
         self.size, self.max_steps, self.n_walls, self.use_key = size, max_steps, walls, bool(key)
         self.pool_bumps = bool(pool_bumps)
         self.observation_space, self.action_space = TextSpace(), TextSpace(MOVES)
@@ -82,7 +92,7 @@ class KeyDoor(gymnasium.Env):
     def step(self, action):
         self.steps += 1
         before = (self.pos, self.has_key)
-        if action in MOVES:   # anything else (an invalid action) leaves the agent in place
+        if action in MOVES:  # anything else (an invalid action) leaves the agent in place
             dr, dc = MOVES[action]
             nxt = (self.pos[0] + dr, self.pos[1] + dc)
             if self._free(nxt):
@@ -128,8 +138,13 @@ class KeyDoor(gymnasium.Env):
 
     def _obs(self):
         (r, c), (dr, dc) = self.pos, self.door
-        key = " have key" if self.use_key and self.has_key else \
-            f" key ({self.key[0]}, {self.key[1]})" if self.use_key else ""
+        key = (
+            " have key"
+            if self.use_key and self.has_key
+            else f" key ({self.key[0]}, {self.key[1]})"
+            if self.use_key
+            else ""
+        )
         walls = "".join(f" wall ({wr}, {wc})" for wr, wc in sorted(self.walls))
         if self.use_key and not self.has_key:
             return f"at ({r}, {c}){key} door ({dr}, {dc}){walls}"
@@ -149,8 +164,12 @@ def good_moves(obs, size=5):
     env.walls = {(int(r), int(c)) for r, c in re.findall(r"wall \((\d+), (\d+)\)", obs)}
     target = env.key or env.door
     here = env.distance(env.pos, target)
-    return {m for m, (dr, dc) in MOVES.items()
-            if env._free((env.pos[0] + dr, env.pos[1] + dc)) and env.distance((env.pos[0] + dr, env.pos[1] + dc), target) < here}
+    return {
+        m
+        for m, (dr, dc) in MOVES.items()
+        if env._free((env.pos[0] + dr, env.pos[1] + dc))
+        and env.distance((env.pos[0] + dr, env.pos[1] + dc), target) < here
+    }
 
 
 def rates(n=20000, seed_base=10**9, **kw):
@@ -172,7 +191,10 @@ def rates(n=20000, seed_base=10**9, **kw):
 
 if __name__ == "__main__":
     import sys
-    kw = {k: int(v) for k, v in (a.split("=") for a in sys.argv[1:])}   # python -m envs.keydoor size=6 walls=4
+
+    kw = {k: int(v) for k, v in (a.split("=") for a in sys.argv[1:])}  # python -m envs.keydoor size=6 walls=4
     rand, rand_len, opt, opt_len = rates(n=5000, **kw)
-    print(f"keydoor {kw or 'defaults'}: random policy {rand:.3f} (wins take {rand_len:.1f} steps), "
-          f"optimal {opt:.3f} ({opt_len:.1f} steps)")
+    print(
+        f"keydoor {kw or 'defaults'}: random policy {rand:.3f} (wins take {rand_len:.1f} steps), "
+        f"optimal {opt:.3f} ({opt_len:.1f} steps)"
+    )

@@ -24,6 +24,7 @@ retrieval protocol (POST {"queries", "topk", "return_scores"} -> {"result": [[{"
 Questions: reset(seed) plays train question seed % N; the eval set "test" plays the test questions
 in order. `python -m envs.demo search DIR` writes a small multi-hop demo set in these formats.
 """
+
 import json
 import os
 import re
@@ -36,11 +37,13 @@ import gymnasium
 
 from envs import TextSpace, test_set
 
-INVALID = ("Your previous action is invalid. To search, put the query between <search> and </search>; "
-           "to give the final answer, put it between <answer> and </answer>. Try again.")
+INVALID = (
+    "Your previous action is invalid. To search, put the query between <search> and </search>; "
+    "to give the final answer, put it between <answer> and </answer>. Try again."
+)
 PUNCTUATION = set(string.punctuation)
 ACTION = re.compile(r"<(search|answer)>(.*?)</\1>", re.DOTALL)
-TRAIN_DEFAULTS = {"memory": "window", "memory_k": 2, "max_response_tokens": 512}   # as the ALFWorld setup
+TRAIN_DEFAULTS = {"memory": "window", "memory_k": 2, "max_response_tokens": 512}  # as the ALFWorld setup
 TINY_CORPUS_EPISODES = 100
 
 
@@ -61,12 +64,13 @@ def import_bm25s():
     'get'"), so bm25s is imported with numba hidden: it then uses its numpy backend. A hack, for as
     long as those two versions disagree; nothing changes where numba is already loaded."""
     if "bm25s" not in sys.modules and "numba" not in sys.modules:
-        sys.modules["numba"] = None   # `import numba` now raises ImportError
+        sys.modules["numba"] = None  # `import numba` now raises ImportError
         try:
             import bm25s  # noqa: F401
         finally:
             del sys.modules["numba"]
     import bm25s
+
     return bm25s
 
 
@@ -92,7 +96,8 @@ def data_root(data_dir=None):
         raise FileNotFoundError(
             f"search: no data dir ({root or 'none given'}): give --env_args data_dir=DIR or set $SEARCH_DATA to a "
             f"folder with Search-R1's corpus.jsonl and train/test QA files, or make the demo set: "
-            f"python -m envs.demo search DIR")
+            f"python -m envs.demo search DIR"
+        )
     return root
 
 
@@ -110,29 +115,45 @@ def load_questions(root, split):
         if not os.path.exists(path):
             continue
         if ext == "parquet":
-            try:   # Search-R1's processed files (golden answers also under reward_model.ground_truth.target)
+            try:  # Search-R1's processed files (golden answers also under reward_model.ground_truth.target)
                 import pandas
+
                 rows = pandas.read_parquet(path).to_dict("records")
             except ImportError as e:
-                raise ValueError(f"search: reading {path} needs pandas and pyarrow (pip install pandas pyarrow), "
-                                 f"or give the split as .jsonl") from e
+                raise ValueError(
+                    f"search: reading {path} needs pandas and pyarrow (pip install pandas pyarrow), "
+                    f"or give the split as .jsonl"
+                ) from e
         else:
             with open(path) as f:
                 rows = [json.loads(line) for line in f if line.strip()] if ext == "jsonl" else json.load(f)
-        out = [(question(r["question"]), list(r["golden_answers"] if "golden_answers" in r
-                                              else r["reward_model"]["ground_truth"]["target"])) for r in rows]
+        out = [
+            (
+                question(r["question"]),
+                list(
+                    r["golden_answers"]
+                    if "golden_answers" in r
+                    else r["reward_model"]["ground_truth"]["target"]
+                ),
+            )
+            for r in rows
+        ]
         if out:
             return out
-    raise FileNotFoundError(f"search: no questions in {root}/{split}.jsonl (or .json, .parquet): the split needs "
-                            f"lines of {{\"question\", \"golden_answers\"}}; python -m envs.demo search DIR")
+    raise FileNotFoundError(
+        f"search: no questions in {root}/{split}.jsonl (or .json, .parquet): the split needs "
+        f'lines of {{"question", "golden_answers"}}; python -m envs.demo search DIR'
+    )
 
 
 @lru_cache(maxsize=2)
 def load_corpus(root):
     path = os.path.join(root, "corpus.jsonl")
     if not os.path.exists(path):
-        raise FileNotFoundError(f"search: no {path} (Search-R1's {{\"id\", \"contents\"}} lines): add it, or give "
-                                f"--env_args retriever_url=http://HOST:PORT/retrieve")
+        raise FileNotFoundError(
+            f'search: no {path} (Search-R1\'s {{"id", "contents"}} lines): add it, or give '
+            f"--env_args retriever_url=http://HOST:PORT/retrieve"
+        )
     with open(path) as f:
         docs = [json.loads(line) for line in f if line.strip()]
     return docs, BM25([d["contents"] for d in docs])
@@ -158,15 +179,22 @@ def passages(docs):
 
 class Search(gymnasium.Env):
     def __init__(self, data_dir=None, split="train", retriever_url="", topk=3, max_steps=4):
-        if split not in ("train", "test") or type(topk) is not int or type(max_steps) is not int \
-                or topk < 1 or max_steps < 1:
-            raise ValueError(f"search: split must be train or test, topk and max_steps integers >= 1; got "
-                             f"split={split!r} topk={topk!r} max_steps={max_steps!r}")
+        if (
+            split not in ("train", "test")
+            or type(topk) is not int
+            or type(max_steps) is not int
+            or topk < 1
+            or max_steps < 1
+        ):
+            raise ValueError(
+                f"search: split must be train or test, topk and max_steps integers >= 1; got "
+                f"split={split!r} topk={topk!r} max_steps={max_steps!r}"
+            )
         self.root = data_root(data_dir)
         self.questions = load_questions(self.root, split)
         self.url, self.topk, self.max_steps = retriever_url, topk, max_steps
         if not self.url:
-            load_corpus(self.root)   # fail now, not at the first search
+            load_corpus(self.root)  # fail now, not at the first search
         self.observation_space, self.action_space = TextSpace(), TextSpace(["<answer>unknown</answer>"])
 
     def retrieve(self, query):
@@ -202,11 +230,14 @@ class Search(gymnasium.Env):
         titles = [d["contents"].partition("\n")[0].strip('"') for d in self.shown]
         suggested = [f"<search>{self.question}</search>"] + [f"<answer>{t}</answer>" for t in titles]
         # the state is the question and the passages on show: an invalid turn leaves the anchor as it was
-        return {"task": self.question, "admissible_actions": list(dict.fromkeys(suggested)), "won": won,
-                "anchor": f"{self.question}\n{passages(self.shown)}".strip()}
+        return {
+            "task": self.question,
+            "admissible_actions": list(dict.fromkeys(suggested)),
+            "won": won,
+            "anchor": f"{self.question}\n{passages(self.shown)}".strip(),
+        }
 
 
 def eval_sets(n=None, names=None, **env_args):
     """One eval set, "test": the test split in order (envs.test_set)."""
     return test_set("search", names, n, lambda: len(load_questions(Search(**env_args).root, "test")))
-

@@ -21,6 +21,7 @@ box off one, +10 when every box is on a target (the episode ends; truncated afte
 `python -m envs.sokoban` prints the random policy's success and the share of rooms solvable
 within max_steps (BFS), on held-out seeds.
 """
+
 import random
 from collections import deque
 from functools import lru_cache
@@ -31,8 +32,13 @@ from envs import TextSpace
 
 MOVES = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}
 LEGEND = "# wall, _ floor, O target, X box, √ box on target, P you, S you on a target"
-MASKS = [[(1, 0), (1, 1), (1, 2)], [(0, 1), (1, 1), (2, 1)], [(1, 0), (1, 1), (2, 1)],
-         [(1, 0), (1, 1), (2, 0), (2, 1)], [(1, 1), (1, 2), (2, 1)]]  # gym-sokoban's carving masks
+MASKS = [
+    [(1, 0), (1, 1), (1, 2)],
+    [(0, 1), (1, 1), (2, 1)],
+    [(1, 0), (1, 1), (2, 1)],
+    [(1, 0), (1, 1), (2, 0), (2, 1)],
+    [(1, 1), (1, 2), (2, 1)],
+]  # gym-sokoban's carving masks
 
 
 def _topology(rng, rows, cols, walk_steps):
@@ -69,9 +75,9 @@ def _reverse_play(floor, targets, player, depth, ttl=300):
             nxt = (player[0] + dr, player[1] + dc)
             if nxt not in floor or nxt in boxes:
                 continue
-            dfs(nxt, boxes, origin, swaps, last, left - 1)   # a plain move
+            dfs(nxt, boxes, origin, swaps, last, left - 1)  # a plain move
             behind = (player[0] - dr, player[1] - dc)
-            if behind in boxes:                                # a pull: the box follows the player
+            if behind in boxes:  # a pull: the box follows the player
                 moved = dict(origin)
                 moved[player] = moved.pop(behind)
                 dfs(nxt, boxes - {behind} | {player}, moved, swaps + (last != behind), player, left - 1)
@@ -93,8 +99,10 @@ def generate(seed, rows=6, cols=6, boxes=1, search_depth=30, tries=1000):
         score, start, box_cells = _reverse_play(frozenset(floor), targets, player, search_depth)
         if score > 0:
             return frozenset(floor), targets, box_cells, start
-    raise ValueError(f"sokoban: no solvable room of {rows}x{cols} with {boxes} box(es) found in {tries} "
-                     f"tries; use fewer boxes or a larger room")
+    raise ValueError(
+        f"sokoban: no solvable room of {rows}x{cols} with {boxes} box(es) found in {tries} "
+        f"tries; use fewer boxes or a larger room"
+    )
 
 
 def solve(floor, targets, boxes, player, limit=10**6):
@@ -127,15 +135,25 @@ class Sokoban(gymnasium.Env):
     def __init__(self, rows=6, cols=6, boxes=1, search_depth=30, max_steps=15):
         # the values come from --env_args as literals or plain strings: "boxes=abc" must fail here
         if not all(type(v) is int for v in (rows, cols, boxes, search_depth, max_steps)):
-            raise ValueError(f"sokoban: rows, cols, boxes, search_depth and max_steps must be integers; got "
-                             f"rows={rows!r} cols={cols!r} boxes={boxes!r} search_depth={search_depth!r} "
-                             f"max_steps={max_steps!r}")
+            raise ValueError(
+                f"sokoban: rows, cols, boxes, search_depth and max_steps must be integers; got "
+                f"rows={rows!r} cols={cols!r} boxes={boxes!r} search_depth={search_depth!r} "
+                f"max_steps={max_steps!r}"
+            )
         # a push needs three cells in a line inside the border walls
-        if boxes < 1 or min(rows, cols) < 3 or max(rows, cols) < 5 or (rows - 2) * (cols - 2) < boxes + 2 \
-                or search_depth < 1 or max_steps < 1:
-            raise ValueError(f"sokoban: need boxes >= 1, a room of at least 3x5 (border walls included) with "
-                             f"(rows-2)*(cols-2) >= boxes + 2, search_depth >= 1 and max_steps >= 1; got rows={rows} "
-                             f"cols={cols} boxes={boxes} search_depth={search_depth} max_steps={max_steps}")
+        if (
+            boxes < 1
+            or min(rows, cols) < 3
+            or max(rows, cols) < 5
+            or (rows - 2) * (cols - 2) < boxes + 2
+            or search_depth < 1
+            or max_steps < 1
+        ):
+            raise ValueError(
+                f"sokoban: need boxes >= 1, a room of at least 3x5 (border walls included) with "
+                f"(rows-2)*(cols-2) >= boxes + 2, search_depth >= 1 and max_steps >= 1; got rows={rows} "
+                f"cols={cols} boxes={boxes} search_depth={search_depth} max_steps={max_steps}"
+            )
         self.rows, self.cols, self.n_boxes = rows, cols, boxes
         self.search_depth, self.max_steps = search_depth, max_steps
         self.observation_space = TextSpace()
@@ -147,7 +165,8 @@ class Sokoban(gymnasium.Env):
         super().reset(seed=seed)
         room = seed if seed is not None else int(self.np_random.integers(2**62))
         self.floor, self.targets, self.boxes, self.player = generate(
-            room, self.rows, self.cols, self.n_boxes, self.search_depth)
+            room, self.rows, self.cols, self.n_boxes, self.search_depth
+        )
         self.steps = 0
         return self._obs(), self._info(False)
 
@@ -175,14 +194,19 @@ class Sokoban(gymnasium.Env):
             if rc in self.boxes:
                 return "√" if rc in self.targets else "X"
             return "O" if rc in self.targets else "_" if rc in self.floor else "#"
+
         return "\n".join(" ".join(cell((r, c)) for c in range(self.cols)) for r in range(self.rows))
 
     def _obs(self):
         return f"{self.grid()}\n{LEGEND}"
 
     def _info(self, won):
-        return {"task": "push every box onto a target", "admissible_actions": list(MOVES), "won": won,
-                "anchor": self.grid()}
+        return {
+            "task": "push every box onto a target",
+            "admissible_actions": list(MOVES),
+            "won": won,
+            "anchor": self.grid(),
+        }
 
     def shortest_solution(self):
         """Fewest moves from the current state to solved (BFS), or None; for baselines and tests."""
@@ -206,10 +230,11 @@ def baselines(n=2000, seed_base=10**9, **kw):
 
 if __name__ == "__main__":
     import sys
-    kw = {k: int(v) for k, v in (a.split("=") for a in sys.argv[1:])}   # e.g. rows=5 cols=5
+
+    kw = {k: int(v) for k, v in (a.split("=") for a in sys.argv[1:])}  # e.g. rows=5 cols=5
     rand, fits = baselines(**kw)
     env = Sokoban(**kw)
-    print(f"sokoban {env.rows}x{env.cols}, {env.n_boxes} box(es), {env.max_steps} steps, 2000 held-out seeds: "
-          f"random policy {rand:.3f}, solvable within max_steps (optimal policy) {fits:.3f}")
-
-
+    print(
+        f"sokoban {env.rows}x{env.cols}, {env.n_boxes} box(es), {env.max_steps} steps, 2000 held-out seeds: "
+        f"random policy {rand:.3f}, solvable within max_steps (optimal policy) {fits:.3f}"
+    )

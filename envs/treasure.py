@@ -18,6 +18,7 @@ Success rates on 5x5, max 10 steps, no walls (measured by `python -m envs.treasu
 a uniformly random policy wins ~0.21; the optimal policy (greedy Manhattan walk) wins 1.0, since
 the largest distance is 8 < 10 steps. With walls the optimal rate can be lower (walls may box in).
 """
+
 import math
 import random
 
@@ -31,13 +32,20 @@ MOVES = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}
 class TreasureHunt(gymnasium.Env):
     def __init__(self, size=5, max_steps=10, walls=0, progress=0.1):
         # the values come from --env_args as literals or plain strings: "progress=abc" must fail here
-        if not all(type(v) is int for v in (size, max_steps, walls)) or type(progress) not in (int, float) \
-                or not math.isfinite(progress):
-            raise ValueError(f"treasure: size, max_steps and walls must be integers and progress a finite "
-                             f"number; got size={size!r} max_steps={max_steps!r} walls={walls!r} progress={progress!r}")
+        if (
+            not all(type(v) is int for v in (size, max_steps, walls))
+            or type(progress) not in (int, float)
+            or not math.isfinite(progress)
+        ):
+            raise ValueError(
+                f"treasure: size, max_steps and walls must be integers and progress a finite "
+                f"number; got size={size!r} max_steps={max_steps!r} walls={walls!r} progress={progress!r}"
+            )
         if size < 2 or max_steps < 1 or walls < 0 or walls > size * size - 2:
-            raise ValueError(f"treasure: need size >= 2, max_steps >= 1, 0 <= walls <= size^2 - 2; "
-                             f"got size={size} max_steps={max_steps} walls={walls}")
+            raise ValueError(
+                f"treasure: need size >= 2, max_steps >= 1, 0 <= walls <= size^2 - 2; "
+                f"got size={size} max_steps={max_steps} walls={walls}"
+            )
         self.size, self.max_steps, self.n_walls, self.progress = size, max_steps, walls, progress
         self.observation_space, self.action_space = TextSpace(), TextSpace(MOVES)
 
@@ -54,8 +62,10 @@ class TreasureHunt(gymnasium.Env):
         if options and {"start", "treasure"} <= set(options):
             self.pos, self.treasure, self.walls = tuple(options["start"]), tuple(options["treasure"]), set()
             if not all(0 <= x < self.size for x in (*self.pos, *self.treasure)) or self.pos == self.treasure:
-                raise ValueError(f"treasure: start {self.pos} and treasure {self.treasure} must be two different "
-                                 f"cells of the {self.size}x{self.size} grid")
+                raise ValueError(
+                    f"treasure: start {self.pos} and treasure {self.treasure} must be two different "
+                    f"cells of the {self.size}x{self.size} grid"
+                )
         self.steps = 0
         return self._obs(), self._info(won=False)
 
@@ -113,7 +123,9 @@ def all_states(size=5):
 def shortest_moves(pos, treasure):
     """The one or two moves that bring pos closer to the treasure (no walls)."""
     (r, c), (tr, tc) = pos, treasure
-    return ({"down" if tr > r else "up"} if tr != r else set()) | ({"right" if tc > c else "left"} if tc != c else set())
+    return ({"down" if tr > r else "up"} if tr != r else set()) | (
+        {"right" if tc > c else "left"} if tc != c else set()
+    )
 
 
 if __name__ == "__main__":

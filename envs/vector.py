@@ -12,6 +12,7 @@ info["worker_died"] = True; train.py neither trains on them nor counts them in s
 leaves them out, and an iteration that loses every episode stops the run in one line), and a line
 goes to stderr; a reset is retried once on the new worker.
 """
+
 import multiprocessing as mp
 import multiprocessing.connection
 import signal
@@ -21,8 +22,9 @@ from tqdm import tqdm
 
 
 def _worker(conn, name, kwargs, n):
-    signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C is the trainer's: it stops the workers
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's: it stops the workers
     from envs import make_env
+
     envs = [make_env(name, **kwargs) for _ in range(n)]
     while True:
         cmd, payload = conn.recv()
@@ -37,11 +39,12 @@ def _worker(conn, name, kwargs, n):
 class GroupedEnvs:
     def __init__(self, name, n_groups, group_size, workers=0, **env_kwargs):
         from envs import make_env
+
         self.n_groups, self.group_size = n_groups, group_size
         self.n = n_groups * group_size
         self.workers = min(workers, self.n)
-        self.last = [("", {})] * self.n   # last (obs, info) of each env: where a dead worker's episodes end
-        self.restarts, self.ready, self.in_flight = 0, {}, []   # ready: steps done, not yet received
+        self.last = [("", {})] * self.n  # last (obs, info) of each env: where a dead worker's episodes end
+        self.restarts, self.ready, self.in_flight = 0, {}, []  # ready: steps done, not yet received
         if self.workers == 0:
             self.envs = [make_env(name, **env_kwargs) for _ in range(self.n)]
             return
@@ -50,7 +53,7 @@ class GroupedEnvs:
         bounds = [self.n * w // self.workers for w in range(self.workers + 1)]
         self.slices = list(zip(bounds[:-1], bounds[1:]))
         self.conns, self.procs = [None] * self.workers, [None] * self.workers
-        self.in_flight = [[] for _ in range(self.workers)]   # per worker: env indices of each step sent
+        self.in_flight = [[] for _ in range(self.workers)]  # per worker: env indices of each step sent
         for w in range(self.workers):
             self._start(w)
 
@@ -70,9 +73,12 @@ class GroupedEnvs:
             old.join()
         lo, hi = self.slices[w]
         # tqdm.write: a line of its own, not appended to train.py's progress bar (stderr, no newline)
-        tqdm.write(f"env worker {w} (envs {lo}..{hi - 1}) died (exit code {old.exitcode}) during {cmd} of "
-                   f"{n_jobs} env(s); restarted, " + ("retrying the reset" if cmd == "reset" else
-                                                   "their episodes end as truncated"), file=sys.stderr)
+        tqdm.write(
+            f"env worker {w} (envs {lo}..{hi - 1}) died (exit code {old.exitcode}) during {cmd} of "
+            f"{n_jobs} env(s); restarted, "
+            + ("retrying the reset" if cmd == "reset" else "their episodes end as truncated"),
+            file=sys.stderr,
+        )
         self.conns[w].close()
         self._start(w)
         self.restarts += 1
@@ -134,8 +140,10 @@ class GroupedEnvs:
         for i in range(self.n):
             first = self.group_of(i) * self.group_size
             if (obs[i], infos[i].get("task")) != (obs[first], infos[first].get("task")):
-                raise RuntimeError(f"group {self.group_of(i)}: env {i} starts from {obs[i]!r} but env "
-                                   f"{first} from {obs[first]!r}; an env's reset must depend on the seed only")
+                raise RuntimeError(
+                    f"group {self.group_of(i)}: env {i} starts from {obs[i]!r} but env "
+                    f"{first} from {obs[first]!r}; an env's reset must depend on the seed only"
+                )
         return obs, infos
 
     def step(self, actions):
@@ -174,7 +182,7 @@ class GroupedEnvs:
                     self._lost(w)
                 else:
                     out.update(zip(self.in_flight[w].pop(0), results))
-        out.update(self.ready)   # the steps of workers lost meanwhile
+        out.update(self.ready)  # the steps of workers lost meanwhile
         self.ready = {}
         for i, (obs, _, _, _, info) in out.items():
             self.last[i] = (obs, info)
@@ -188,7 +196,7 @@ class GroupedEnvs:
         self.ready.update({i: self._truncated(i) for i in jobs})
 
     def close(self):
-        for env in getattr(self, "envs", []):   # in-process: an ALFWorld game frees its planner library here
+        for env in getattr(self, "envs", []):  # in-process: an ALFWorld game frees its planner library here
             env.close()
         for conn, p in zip(getattr(self, "conns", []), getattr(self, "procs", [])):
             try:

@@ -28,6 +28,7 @@ Goals: the human instructions, shuffled with seed 233 as WebShop does; the first
 the eval set "test", the rest train: reset(seed) plays train goal seed % N.
 `python -m envs.demo webshop DIR` writes a small catalogue and instructions in these formats.
 """
+
 import json
 import os
 import random
@@ -41,7 +42,7 @@ from envs import TextSpace, test_set
 from envs.search import BM25
 
 PER_PAGE, TOP_N = 10, 50
-TRAIN_DEFAULTS = {"memory": "window", "memory_k": 2, "max_response_tokens": 512}   # as the ALFWorld setup
+TRAIN_DEFAULTS = {"memory": "window", "memory_k": 2, "max_response_tokens": 512}  # as the ALFWorld setup
 TINY_CORPUS_EPISODES = 20
 STOP = set("a an the and or of for to in on with by at from is are this that your you new set pack".split())
 
@@ -76,11 +77,19 @@ def reward(product, goal, price, options):
     """WebShop's get_reward: attribute matches (fuzzy > 85 against the product's attributes, else a
     substring of its title, features or description), option matches (each chosen option: exactly
     for size, fuzzy > 85 otherwise, else a substring of the texts), price <= the goal's limit."""
-    attrs = sum(any(fuzzy(p, g) > 85 for p in product["Attributes"]) or in_text(g, product)
-                for g in goal["attributes"])
-    wanted = list(goal["goal_options"].values()) if isinstance(goal["goal_options"], dict) else goal["goal_options"]
-    opts = sum((v in wanted if k.lower() == "size" else any(fuzzy(g, v) > 85 for g in wanted)) or in_text(v, product)
-               for k, v in options.items())
+    attrs = sum(
+        any(fuzzy(p, g) > 85 for p in product["Attributes"]) or in_text(g, product)
+        for g in goal["attributes"]
+    )
+    wanted = (
+        list(goal["goal_options"].values())
+        if isinstance(goal["goal_options"], dict)
+        else goal["goal_options"]
+    )
+    opts = sum(
+        (v in wanted if k.lower() == "size" else any(fuzzy(g, v) > 85 for g in wanted)) or in_text(v, product)
+        for k, v in options.items()
+    )
     total = (attrs + opts + (price <= goal["price_upper"])) / (len(goal["attributes"]) + len(wanted) + 1)
     return total * type_reward(product, goal)
 
@@ -91,32 +100,48 @@ def data_root(data_dir=None):
         raise FileNotFoundError(
             f"webshop: no data dir ({root or 'none given'}): give --env_args data_dir=DIR or set $WEBSHOP_DATA to a "
             f"folder with WebShop's items_shuffle_1000.json, items_ins_v2_1000.json and items_human_ins.json "
-            f"(WebShop's setup.sh downloads them), or make the demo set: python -m envs.demo webshop DIR")
+            f"(WebShop's setup.sh downloads them), or make the demo set: python -m envs.demo webshop DIR"
+        )
     return root
 
 
 def _read(root, name):
     path = os.path.join(root, name)
     if not os.path.exists(path):
-        raise FileNotFoundError(f"webshop: no {path}; WebShop's setup.sh downloads it, or make the demo set: "
-                                f"python -m envs.demo webshop DIR")
+        raise FileNotFoundError(
+            f"webshop: no {path}; WebShop's setup.sh downloads it, or make the demo set: "
+            f"python -m envs.demo webshop DIR"
+        )
     with open(path) as f:
         return json.load(f)
 
 
 def _product(p, attributes):
     """One raw product -> the fields the pages and the reward use (as WebShop's engine.load_products)."""
-    prices = [float(x) for x in (re.sub(r"[^\d.]", "", x) for x in (p.get("pricing") or "").split("$")[1:])
-              if x.strip(".")][:2] or [100.0]   # WebShop: a product without a price costs $100
-    options = {name.lower(): [o["value"].strip().replace("/", " | ").lower() for o in values]
-               for name, values in (p.get("customization_options") or {}).items() if values}
+    prices = [
+        float(x)
+        for x in (re.sub(r"[^\d.]", "", x) for x in (p.get("pricing") or "").split("$")[1:])
+        if x.strip(".")
+    ][:2] or [100.0]  # WebShop: a product without a price costs $100
+    options = {
+        name.lower(): [o["value"].strip().replace("/", " | ").lower() for o in values]
+        for name, values in (p.get("customization_options") or {}).items()
+        if values
+    }
     bullets = p["small_description"] if isinstance(p["small_description"], list) else [p["small_description"]]
-    return {"asin": p["asin"], "Title": p["name"], "Description": p.get("full_description") or "",
-            "BulletPoints": bullets, "options": options, "query": p["query"].lower().strip(),
-            "category": p["category"], "product_category": p["product_category"],
-            "Attributes": attributes.get(p["asin"], {}).get("attributes") or ["DUMMY_ATTR"],
-            "Price": f"${prices[0]}" if len(prices) == 1 else f"${prices[0]} to ${prices[1]}",
-            "price": prices[0] if len(prices) == 1 else random.Random(p["asin"]).uniform(*prices)}
+    return {
+        "asin": p["asin"],
+        "Title": p["name"],
+        "Description": p.get("full_description") or "",
+        "BulletPoints": bullets,
+        "options": options,
+        "query": p["query"].lower().strip(),
+        "category": p["category"],
+        "product_category": p["product_category"],
+        "Attributes": attributes.get(p["asin"], {}).get("attributes") or ["DUMMY_ATTR"],
+        "Price": f"${prices[0]}" if len(prices) == 1 else f"${prices[0]} to ${prices[1]}",
+        "price": prices[0] if len(prices) == 1 else random.Random(p["asin"]).uniform(*prices),
+    }
 
 
 @lru_cache(maxsize=2)
@@ -130,9 +155,13 @@ def load(root, small=True):
         if p["asin"] != "nan" and len(p["asin"]) <= 10 and p["asin"] not in products:
             products[p["asin"]] = _product(p, attributes)
     asins = list(products)
-    index = BM25([" ".join([q["Title"], *q["BulletPoints"], q["Description"], *sum(q["options"].values(), [])])
-                  for q in products.values()])
-    goals = []   # in catalogue order, as WebShop builds them: its shuffle (seed 233) then picks the same test goals
+    index = BM25(
+        [
+            " ".join([q["Title"], *q["BulletPoints"], q["Description"], *sum(q["options"].values(), [])])
+            for q in products.values()
+        ]
+    )
+    goals = []  # in catalogue order, as WebShop builds them: its shuffle (seed 233) then picks the same test goals
     for asin in asins:
         for k, ins in enumerate(human.get(asin, [])):
             if not ins.get("instruction_attributes"):
@@ -141,14 +170,23 @@ def load(root, small=True):
             above = [10.0 * i for i in range(1, 100) if 10.0 * i > p["price"]][:4]
             upper = max(random.Random(f"{asin}/{k}").sample(above, 2)) if len(above) >= 2 else 1e6
             limit = f", and price lower than {upper:.2f} dollars" if len(above) >= 2 else ""
-            goals.append({"asin": asin, "query": p["query"], "name": p["Title"],
-                          "product_category": p["product_category"], "price_upper": upper,
-                          "instruction_text": ins["instruction"].strip(".") + limit,
-                          "attributes": ins["instruction_attributes"], "goal_options": ins["instruction_options"]})
+            goals.append(
+                {
+                    "asin": asin,
+                    "query": p["query"],
+                    "name": p["Title"],
+                    "product_category": p["product_category"],
+                    "price_upper": upper,
+                    "instruction_text": ins["instruction"].strip(".") + limit,
+                    "attributes": ins["instruction_attributes"],
+                    "goal_options": ins["instruction_options"],
+                }
+            )
     random.Random(233).shuffle(goals)
     if not goals:
-        raise FileNotFoundError(f"webshop: no instruction in {root}/items_human_ins.json is for a product of the "
-                                f"catalogue")
+        raise FileNotFoundError(
+            f"webshop: no instruction in {root}/items_human_ins.json is for a product of the catalogue"
+        )
     return products, asins, index, goals
 
 
@@ -160,33 +198,49 @@ def split_goals(goals, split):
 class WebShop(gymnasium.Env):
     def __init__(self, data_dir=None, split="train", small=True, max_steps=15):
         if split not in ("train", "test") or type(max_steps) is not int or max_steps < 1:
-            raise ValueError(f"webshop: split must be train or test and max_steps an integer >= 1; got "
-                             f"split={split!r} max_steps={max_steps!r}")
+            raise ValueError(
+                f"webshop: split must be train or test and max_steps an integer >= 1; got "
+                f"split={split!r} max_steps={max_steps!r}"
+            )
         self.root, self.small = data_root(data_dir), bool(small)
         self.products, self.asins, self.index, goals = load(self.root, self.small)
         self.goals, self.max_steps = split_goals(goals, split), max_steps
         if not self.goals:
-            raise ValueError(f"webshop: the {split} split of {self.root} has no goals ({len(goals)} in all; "
-                             f"test takes 1/5)")
+            raise ValueError(
+                f"webshop: the {split} split of {self.root} has no goals ({len(goals)} in all; "
+                f"test takes 1/5)"
+            )
         self.observation_space, self.action_space = TextSpace(), TextSpace(["click[back to search]"])
 
     def reset(self, seed=None, options=None):
         super().reset(seed=seed)
         seed = seed if seed is not None else int(self.np_random.integers(2**62))
         self.goal = self.goals[seed % len(self.goals)]
-        self.page, self.steps, self.results, self.page_no, self.asin, self.chosen = "search", 0, [], 1, None, {}
+        self.page, self.steps, self.results, self.page_no, self.asin, self.chosen = (
+            "search",
+            0,
+            [],
+            1,
+            None,
+            {},
+        )
         obs = self._obs()
         return obs, self._info(False, obs)
 
     def shown(self):
         """The results page's asins, and whether a next page follows."""
         end = self.page_no * PER_PAGE
-        return self.results[end - PER_PAGE:end], end < len(self.results)
+        return self.results[end - PER_PAGE : end], end < len(self.results)
 
     def clickables(self):
         if self.page == "results":
             shown, more = self.shown()
-            return ["back to search"] + ["< prev"] * (self.page_no > 1) + ["next >"] * more + [a.lower() for a in shown]
+            return (
+                ["back to search"]
+                + ["< prev"] * (self.page_no > 1)
+                + ["next >"] * more
+                + [a.lower() for a in shown]
+            )
         if self.page == "item":
             values = [v for vs in self.products[self.asin]["options"].values() for v in vs]
             return ["back to search", "< prev", *dict.fromkeys(values), "description", "features", "buy now"]
@@ -215,13 +269,13 @@ class WebShop(gymnasium.Env):
             self.page, self.asin, self.chosen = "search", None, {}
         elif arg in ("next >", "< prev") and self.page == "results":
             self.page_no += 1 if arg == "next >" else -1
-        elif arg == "< prev":   # item -> results, description / features -> item
+        elif arg == "< prev":  # item -> results, description / features -> item
             self.page = "results" if self.page == "item" else "item"
         elif self.page == "results":
             self.asin, self.chosen, self.page = next(a for a in self.results if a.lower() == arg), {}, "item"
         elif arg in ("description", "features"):
             self.page = arg
-        else:   # an option value: WebShop keeps the last choice per option name
+        else:  # an option value: WebShop keeps the last choice per option name
             name = next(k for k, vs in self.products[self.asin]["options"].items() if arg in vs)
             self.chosen[name] = arg
 
@@ -250,15 +304,20 @@ class WebShop(gymnasium.Env):
         actions = [f"click[{c}]" for c in self.clickables()]
         if self.page == "search":
             actions = [f"search[{self.goal['instruction_text']}]"]
-        chosen = " ".join(f"{k}: {v}" for k, v in sorted(self.chosen.items()))   # the page does not show them
-        return {"task": self.goal["instruction_text"], "admissible_actions": actions, "won": won,
-                "anchor": f"{obs} {chosen}".strip()}
+        chosen = " ".join(f"{k}: {v}" for k, v in sorted(self.chosen.items()))  # the page does not show them
+        return {
+            "task": self.goal["instruction_text"],
+            "admissible_actions": actions,
+            "won": won,
+            "anchor": f"{obs} {chosen}".strip(),
+        }
 
 
 def eval_sets(n=None, names=None, **env_args):
     """One eval set, "test": the test split in order (envs.test_set)."""
+
     def size():
         env = WebShop(**env_args)
         return len(split_goals(load(env.root, env.small)[3], "test"))
-    return test_set("webshop", names, n, size)
 
+    return test_set("webshop", names, n, size)

@@ -5,6 +5,7 @@ A module may also define `build_chat` / `parse_chat`: the versions for a pretrai
 (an instruction it can follow), used for every model but the tiny one trained from scratch. Other
 `build_NAME` / `parse_NAME` pairs are variants a run picks with `--prompt NAME` (ALFWorld's
 `choice`: answer with an action's number, for models too small to write the tagged format)."""
+
 import importlib
 from types import SimpleNamespace
 
@@ -18,10 +19,17 @@ def prompt_module(env_name, chat=False, variant=""):
         raise ValueError(f"no prompt module prompts/{env_name}.py for --env {env_name}") from e
     if variant:
         if not hasattr(module, f"build_{variant}") or not hasattr(module, f"parse_{variant}"):
-            names = sorted(k[6:] for k in vars(module) if k.startswith("build_") and callable(getattr(module, k)))
-            raise ValueError(f"--prompt {variant}: prompts/{env_name}.py has the variants {', '.join(names) or 'none'}")
-        return SimpleNamespace(build=getattr(module, f"build_{variant}"), parse=getattr(module, f"parse_{variant}"))
+            names = sorted(
+                k[6:] for k in vars(module) if k.startswith("build_") and callable(getattr(module, k))
+            )
+            raise ValueError(
+                f"--prompt {variant}: prompts/{env_name}.py has the variants {', '.join(names) or 'none'}"
+            )
+        return SimpleNamespace(
+            build=getattr(module, f"build_{variant}"), parse=getattr(module, f"parse_{variant}")
+        )
     if not chat:
         return module
-    return SimpleNamespace(build=getattr(module, "build_chat", module.build),
-                           parse=getattr(module, "parse_chat", module.parse))
+    return SimpleNamespace(
+        build=getattr(module, "build_chat", module.build), parse=getattr(module, "parse_chat", module.parse)
+    )

@@ -15,10 +15,13 @@ As in the reference, a well-formed action that is not admissible is still valid:
 it, and the episode's reward says so. (The reference also marks responses with Chinese characters
 invalid, a Qwen-specific guard we leave out.)
 """
+
 import zlib
 
-FORMAT = ("Now it is your turn to act. First think step by step about the situation, inside "
-          "<think> </think>. Then give exactly one admissible action inside <action> </action>.")
+FORMAT = (
+    "Now it is your turn to act. First think step by step about the situation, inside "
+    "<think> </think>. Then give exactly one admissible action inside <action> </action>."
+)
 
 
 def past_steps(step, history_text):
@@ -32,10 +35,12 @@ def past_steps(step, history_text):
 def build(task, history_text, obs, admissible, step):
     actions = ", ".join(f"'{a}'" for a in admissible if a != "help")
     past = past_steps(step, history_text)
-    content = (f"You are an expert agent in a household (the ALFRED embodied environment). "
-               f"Your task is to: {task}\n{past}"
-               f"This is step {step + 1}. Your current observation is: {obs}\n"
-               f"Your admissible actions now are: [{actions}].\n\n{FORMAT}")
+    content = (
+        f"You are an expert agent in a household (the ALFRED embodied environment). "
+        f"Your task is to: {task}\n{past}"
+        f"This is step {step + 1}. Your current observation is: {obs}\n"
+        f"Your admissible actions now are: [{actions}].\n\n{FORMAT}"
+    )
     return [{"role": "user", "content": content}]
 
 
@@ -46,9 +51,9 @@ def parse(response_text, admissible):
     end = text.find("</action>", start + 1) if start != -1 else -1
     if start == -1 or end == -1:
         return "", False
-    action = text[start + len("<action>"):end].strip()
+    action = text[start + len("<action>") : end].strip()
     thought = text.find("<think>")
-    well_formed = action.splitlines() == [action] and "<" not in action and ">" not in action   # 1 line
+    well_formed = action.splitlines() == [action] and "<" not in action and ">" not in action  # 1 line
     if not (well_formed and thought != -1 and text.find("</think>", thought) != -1):
         return "", False
     return action, True
@@ -69,11 +74,13 @@ def choices(admissible):
 
 def build_choice(task, history_text, obs, admissible, step):
     listed = "\n".join(f"{i}. {a}" for i, a in enumerate(choices(admissible), 1))
-    content = (f"You are an expert agent in a household (the ALFRED embodied environment). "
-               f"Your task is to: {task}\n{past_steps(step, history_text)}"
-               f"This is step {step + 1}. Your current observation is: {obs}\n"
-               f"Your admissible actions now are:\n{listed}\n\n"
-               f"Answer with the number of one admissible action, and nothing else.")
+    content = (
+        f"You are an expert agent in a household (the ALFRED embodied environment). "
+        f"Your task is to: {task}\n{past_steps(step, history_text)}"
+        f"This is step {step + 1}. Your current observation is: {obs}\n"
+        f"Your admissible actions now are:\n{listed}\n\n"
+        f"Answer with the number of one admissible action, and nothing else."
+    )
     return [{"role": "user", "content": content}]
 
 

@@ -11,22 +11,27 @@ inside it is dropped); no <think> ... </think>, no code or an empty block is inv
 `build` / `parse` are the same for the tiny model trained from scratch (it cannot write code: this
 env is for pretrained models); `parse` also accepts a suggested action written as is.
 """
+
 import re
 
-RULES = ("You are an autonomous coding agent. You complete the day-to-day tasks of your supervisor by "
-         "writing Python code that calls the APIs of their apps (spotify, venmo, gmail, simple_note, "
-         "todoist, amazon, splitwise, phone, file_system) through the `apis` object, e.g. "
-         "`apis.spotify.login(...)`. "
-         "Each code block runs in the same Python session (variables persist) and you see what it prints.\n"
-         "- Find the APIs with apis.api_docs.show_app_descriptions(), apis.api_docs.show_api_descriptions("
-         "app_name='...') and apis.api_docs.show_api_doc(app_name='...', api_name='...'). Never guess an "
-         "API.\n"
-         "- The supervisor's account passwords: apis.supervisor.show_account_passwords(); log in to an app "
-         "with its login API to get an access token.\n"
-         "- When done, call apis.supervisor.complete_task(answer=...) with the answer if the task asks a "
-         "question, else apis.supervisor.complete_task(). Take no other action than the task asks for.")
-FORMAT = ("First reason step by step about what to do next inside <think> </think>, then give the Python "
-          "code to run now inside <code> </code>.")
+RULES = (
+    "You are an autonomous coding agent. You complete the day-to-day tasks of your supervisor by "
+    "writing Python code that calls the APIs of their apps (spotify, venmo, gmail, simple_note, "
+    "todoist, amazon, splitwise, phone, file_system) through the `apis` object, e.g. "
+    "`apis.spotify.login(...)`. "
+    "Each code block runs in the same Python session (variables persist) and you see what it prints.\n"
+    "- Find the APIs with apis.api_docs.show_app_descriptions(), apis.api_docs.show_api_descriptions("
+    "app_name='...') and apis.api_docs.show_api_doc(app_name='...', api_name='...'). Never guess an "
+    "API.\n"
+    "- The supervisor's account passwords: apis.supervisor.show_account_passwords(); log in to an app "
+    "with its login API to get an access token.\n"
+    "- When done, call apis.supervisor.complete_task(answer=...) with the answer if the task asks a "
+    "question, else apis.supervisor.complete_task(). Take no other action than the task asks for."
+)
+FORMAT = (
+    "First reason step by step about what to do next inside <think> </think>, then give the Python "
+    "code to run now inside <code> </code>."
+)
 
 
 def build_chat(task, history_text, obs, admissible, step):
@@ -42,7 +47,7 @@ def parse_chat(response_text, admissible):
     think = text.find("<think>")
     if start == -1 or end == -1 or think == -1 or text.find("</think>", think) == -1:
         return "", False
-    code = text[start + len("<code>"):end]
+    code = text[start + len("<code>") : end]
     fence = re.fullmatch(r"\s*```(?:python|py)?\s*\n(.*?)\n?\s*```\s*", code, re.DOTALL)
     code = (fence.group(1) if fence else code).strip("\n")
     return (code, True) if code.strip() else ("", False)

@@ -10,15 +10,18 @@ as Search-R1 does; an empty query or answer, or neither tag pair, is invalid.
 word-level tokenizer decodes tags as separate words ("< search > a b < / search >"), so `parse`
 reads "search WORDS" / "answer WORDS" with any <, > and / dropped.
 """
+
 import re
 
 from envs.search import ACTION
 
-RULES = ("Answer the question. Reason step by step inside <think> and </think> every time you get new "
-         "information. If you are missing knowledge, call the search engine with <search> query </search>; "
-         "its top results come back between <information> and </information>. You may search as often as "
-         "you need. When you know the answer, give it inside <answer> and </answer>, with no explanation, "
-         "for example <answer> Beijing </answer>.")
+RULES = (
+    "Answer the question. Reason step by step inside <think> and </think> every time you get new "
+    "information. If you are missing knowledge, call the search engine with <search> query </search>; "
+    "its top results come back between <information> and </information>. You may search as often as "
+    "you need. When you know the answer, give it inside <answer> and </answer>, with no explanation, "
+    "for example <answer> Beijing </answer>."
+)
 
 
 def build(task, history_text, obs, admissible, step):
@@ -35,7 +38,7 @@ def build_chat(task, history_text, obs, admissible, step):
 def parse(response_text, admissible):
     words = re.sub(r"[<>/]", " ", response_text or "").lower().split()
     if len(words) >= 2 and words[0] in ("search", "answer"):
-        body = words[1:-1] if words[-1] == words[0] else words[1:]   # a closing tag's word
+        body = words[1:-1] if words[-1] == words[0] else words[1:]  # a closing tag's word
         if body:
             return f"<{words[0]}>{' '.join(body)}</{words[0]}>", True
     return "", False

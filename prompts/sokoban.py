@@ -7,12 +7,15 @@ its border walls, rows separated by `/`, e.g. `P 1 3 X 2 3 O 4 1 # # P _ / # # X
 and how to answer. Both parsers want one admissible word; the chat one forgives case, quotes and
 a final full stop, as the treasure hunt's does.
 """
+
 from prompts.treasure import parse, parse_chat  # noqa: F401  (the same one-word answers)
 
-RULES = ("You are playing Sokoban. Push every box onto a target. You move one cell up, down, left or "
-         "right; walking into a box pushes it one cell further, unless a wall or another box is behind "
-         "it. Boxes cannot be pulled, so never push a box into a corner that is not a target. Each move "
-         "costs a little; a box on a target earns a point, and the puzzle solved earns ten.")
+RULES = (
+    "You are playing Sokoban. Push every box onto a target. You move one cell up, down, left or "
+    "right; walking into a box pushes it one cell further, unless a wall or another box is behind "
+    "it. Boxes cannot be pulled, so never push a box into a corner that is not a target. Each move "
+    "costs a little; a box on a target earns a point, and the puzzle solved earns ten."
+)
 
 
 def grid_rows(obs):
@@ -40,6 +43,11 @@ def build(task, history_text, obs, admissible, step):
 def build_chat(task, history_text, obs, admissible, step):
     grid = "\n".join(" ".join(row) for row in grid_rows(obs))
     memory = f"\nMemory: {history_text}" if history_text else ""
-    return [{"role": "user", "content": f"{RULES}\nSymbols: # wall, _ floor, O target, X box, √ box on a target, "
-                                        f"P you, S you on a target. Row 0 is the top row.{memory}\n"
-                                        f"The room now:\n{grid}\nAnswer with one word: up, down, left or right."}]
+    return [
+        {
+            "role": "user",
+            "content": f"{RULES}\nSymbols: # wall, _ floor, O target, X box, √ box on a target, "
+            f"P you, S you on a target. Row 0 is the top row.{memory}\n"
+            f"The room now:\n{grid}\nAnswer with one word: up, down, left or right.",
+        }
+    ]

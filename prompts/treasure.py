@@ -13,13 +13,16 @@ right": 17% of replies were one valid word, and of the replies that named a move
 model copies the first option). Trained from there, the policy said "up" in every state within 10 iterations, before it had
 learned to read the coordinates (LOG.md). A state-dependent order takes the bias off any one move.
 """
+
 import random
 import re
 
-RULES = ("You are playing a treasure hunt on a grid. Positions are (row, column): row 0 is the top "
-         "row and rows count downwards; column 0 is the left column and columns count to the right. "
-         "Moves: up (row - 1), down (row + 1), left (column - 1), right (column + 1). A move into the "
-         "edge of the grid{walls} leaves you where you are. Reach the treasure in as few moves as you can.")
+RULES = (
+    "You are playing a treasure hunt on a grid. Positions are (row, column): row 0 is the top "
+    "row and rows count downwards; column 0 is the left column and columns count to the right. "
+    "Moves: up (row - 1), down (row + 1), left (column - 1), right (column + 1). A move into the "
+    "edge of the grid{walls} leaves you where you are. Reach the treasure in as few moves as you can."
+)
 
 
 def build(task, history_text, obs, admissible, step):
@@ -33,7 +36,7 @@ def offsets(cells):
     if "at" not in pos or "treasure" not in pos:
         return ""
     (r, c), (tr, tc) = pos["at"], pos["treasure"]
-    n = lambda k, unit: f"{abs(k)} {unit}{'s' if abs(k) > 1 else ''}"   # noqa: E731
+    n = lambda k, unit: f"{abs(k)} {unit}{'s' if abs(k) > 1 else ''}"  # noqa: E731
     rows = "in your row" if tr == r else f"{n(tr - r, 'row')} {'below' if tr > r else 'above'} you"
     cols = "in your column" if tc == c else f"{n(tc - c, 'column')} to your {'right' if tc > c else 'left'}"
     return f", that is {rows} and {cols}"
@@ -43,12 +46,19 @@ def build_chat(task, history_text, obs, admissible, step):
     cells = re.findall(r"(at|treasure|wall) \((\d+), (\d+)\)", obs)
     where = {k: f"row {r}, column {c}" for k, r, c in cells if k != "wall"}
     walls = [f"({r}, {c})" for k, r, c in cells if k == "wall"]
-    state = (f"You are at {where.get('at', '?')}. The treasure is at {where.get('treasure', '?')}"
-             f"{offsets(cells)}." + (f" Walls: {', '.join(walls)}." if walls else ""))
+    state = (
+        f"You are at {where.get('at', '?')}. The treasure is at {where.get('treasure', '?')}"
+        f"{offsets(cells)}." + (f" Walls: {', '.join(walls)}." if walls else "")
+    )
     memory = f"\nMemory: {history_text}" if history_text else ""
     a, b, c, d = random.Random(obs).sample(["up", "down", "left", "right"], 4)  # same state, same order
-    return [{"role": "user", "content": f"{RULES.format(walls=' or a wall' if walls else '')}{memory}\n"
-                                        f"{state}\nAnswer with one word: {a}, {b}, {c} or {d}."}]
+    return [
+        {
+            "role": "user",
+            "content": f"{RULES.format(walls=' or a wall' if walls else '')}{memory}\n"
+            f"{state}\nAnswer with one word: {a}, {b}, {c} or {d}.",
+        }
+    ]
 
 
 def parse(response_text, admissible):

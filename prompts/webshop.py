@@ -10,9 +10,10 @@ hold < and > (`click[next >]`, `click[< prev]`); a tag inside it is still invali
 [SEP] marks. Its word-level tokenizer decodes `click[buy now]` as "click [ buy now ]" and an ASIN
 digit by digit, so `parse` compares with all spaces removed; any "search [ words ]" is a search.
 """
+
 import re
 
-from prompts.alfworld import FORMAT, past_steps   # <think> ... </think> then <action> ... </action>
+from prompts.alfworld import FORMAT, past_steps  # <think> ... </think> then <action> ... </action>
 
 
 def build(task, history_text, obs, admissible, step):
@@ -23,10 +24,12 @@ def build(task, history_text, obs, admissible, step):
 def build_chat(task, history_text, obs, admissible, step):
     actions = ", ".join("'search[<your query>]'" if a.startswith("search[") else f"'{a}'" for a in admissible)
     past = past_steps(step, history_text)
-    content = (f"You are an expert shopper on WebShop, a shopping website you use by searching and clicking. "
-               f"Your task is to: {task}\n{past}"
-               f"This is step {step + 1}. The current page (its texts separated by [SEP]) is: {obs}\n"
-               f"Your admissible actions now are: [{actions}].\n\n{FORMAT}")
+    content = (
+        f"You are an expert shopper on WebShop, a shopping website you use by searching and clicking. "
+        f"Your task is to: {task}\n{past}"
+        f"This is step {step + 1}. The current page (its texts separated by [SEP]) is: {obs}\n"
+        f"Your admissible actions now are: [{actions}].\n\n{FORMAT}"
+    )
     return [{"role": "user", "content": content}]
 
 
@@ -50,9 +53,14 @@ def parse_chat(response_text, admissible):
     end = text.find("</action>", start + 1) if start != -1 else -1
     if start == -1 or end == -1:
         return "", False
-    action = text[start + len("<action>"):end].strip()
+    action = text[start + len("<action>") : end].strip()
     thought = text.find("<think>")
-    if not action or "\n" in action or re.search(r"</?(think|action)>", action) \
-            or thought == -1 or text.find("</think>", thought) == -1:
+    if (
+        not action
+        or "\n" in action
+        or re.search(r"</?(think|action)>", action)
+        or thought == -1
+        or text.find("</think>", thought) == -1
+    ):
         return "", False
     return action, True

@@ -14,6 +14,7 @@ torch.set_num_threads(2)
 @pytest.fixture(scope="session")
 def tiny_model():
     from tiny import build_tiny
+
     model, tok = build_tiny("treasure", seed=0)
     return model.eval(), tok
 
@@ -22,13 +23,50 @@ def tiny_model():
 def train_tiny(tmp_path):
     """run(env, env_args, max_tokens): `train.py --model tiny`, one iteration of 2 x 2 envs and an
     eval of 4 episodes, on the hf engine and one thread -> (its last stdout line, last metrics row)."""
+
     def run(env, env_args, max_tokens):
         out = tmp_path / "run"
-        r = subprocess.run([sys.executable, "train.py", "--env", env, "--model", "tiny", "--env_args", env_args,
-                            "--n_groups", "2", "--group_size", "2", "--iterations", "1", "--eval_every", "1",
-                            "--eval_episodes", "4", "--max_response_tokens", str(max_tokens), "--memory", "none",
-                            "--mini_batch", "16", "--engine", "hf", "--threads", "1", "--out_dir", str(out)],
-                           cwd=ROOT, capture_output=True, text=True, timeout=300)
+        r = subprocess.run(
+            [
+                sys.executable,
+                "train.py",
+                "--env",
+                env,
+                "--model",
+                "tiny",
+                "--env_args",
+                env_args,
+                "--n_groups",
+                "2",
+                "--group_size",
+                "2",
+                "--iterations",
+                "1",
+                "--eval_every",
+                "1",
+                "--eval_episodes",
+                "4",
+                "--max_response_tokens",
+                str(max_tokens),
+                "--memory",
+                "none",
+                "--mini_batch",
+                "16",
+                "--engine",
+                "hf",
+                "--threads",
+                "1",
+                "--out_dir",
+                str(out),
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert r.returncode == 0, r.stderr[-3000:]
-        return r.stdout.strip().splitlines()[-1], json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
+        return r.stdout.strip().splitlines()[-1], json.loads(
+            (out / "metrics.jsonl").read_text().splitlines()[-1]
+        )
+
     return run

@@ -2,6 +2,7 @@
 type and split, 36 games, a few seconds) from the archive at $ALFWORLD_ARCHIVE or
 ../shared/data/alfworld/json_2.1.1.tgz into a cache dir in the temp dir; without either, the tests
 that need games skip. The worker-restart test runs on the treasure game too, so CI always has it."""
+
 import io
 import json
 import os
@@ -16,7 +17,7 @@ import time
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-USER_DATA = os.environ.get("ALFWORLD_DATA")   # read first: importing alfworld sets it to its default
+USER_DATA = os.environ.get("ALFWORLD_DATA")  # read first: importing alfworld sets it to its default
 
 from envs import GroupedEnvs  # noqa: E402
 from prompts import prompt_module  # noqa: E402
@@ -27,20 +28,31 @@ def games_dir():
     skips the calling test where neither is there. tests/test_envs.py's check_env test calls it too."""
     pytest.importorskip("alfworld", reason="alfworld is not installed (pip install -r requirements.txt)")
     from envs.alfworld import unpack
+
     if USER_DATA:
         return USER_DATA
-    archive = next((p for p in (os.environ.get("ALFWORLD_ARCHIVE"),
-                                os.path.join(ROOT, "..", "shared", "data", "alfworld", "json_2.1.1.tgz"))
-                    if p and os.path.isfile(p)), None)
+    archive = next(
+        (
+            p
+            for p in (
+                os.environ.get("ALFWORLD_ARCHIVE"),
+                os.path.join(ROOT, "..", "shared", "data", "alfworld", "json_2.1.1.tgz"),
+            )
+            if p and os.path.isfile(p)
+        ),
+        None,
+    )
     if archive is None:
-        pytest.skip("no ALFWorld games: set $ALFWORLD_DATA (an alfworld-download dir) or $ALFWORLD_ARCHIVE "
-                    "(json_2.1.1.tgz), or put the archive at ../shared/data/alfworld/json_2.1.1.tgz")
+        pytest.skip(
+            "no ALFWorld games: set $ALFWORLD_DATA (an alfworld-download dir) or $ALFWORLD_ARCHIVE "
+            "(json_2.1.1.tgz), or put the archive at ../shared/data/alfworld/json_2.1.1.tgz"
+        )
     stat = os.stat(archive)
     cache = os.path.join(tempfile.gettempdir(), f"gigpo-alfworld-tests-{stat.st_size}-{int(stat.st_mtime)}")
     if not os.path.isdir(cache):
         tmp = f"{cache}.{os.getpid()}"
         unpack(archive, tmp, per_type=2)
-        os.replace(tmp, cache)   # atomic: a half-unpacked dir is never used
+        os.replace(tmp, cache)  # atomic: a half-unpacked dir is never used
     return cache
 
 
@@ -52,6 +64,7 @@ def data_dir():
 @pytest.mark.parametrize("kind", ["pick", "look", "clean", "heat", "cool", "pick2"])
 def test_every_task_type_resets_and_steps(data_dir, kind):
     from envs.alfworld import ALFWorld, task_type
+
     env = ALFWorld("valid_unseen", data_dir=data_dir)
     seed = next(s for s, g in enumerate(env.games) if task_type(g) == kind)
     obs, info = env.reset(seed)
@@ -68,6 +81,7 @@ def test_inert_anchor_keeps_the_state_after_nothing_happens(data_dir):
     a step that changed nothing keeps the anchor of the state it was taken in, and any other step
     takes its observation as before."""
     from envs.alfworld import INERT, ALFWorld
+
     plain, kept = (ALFWorld("valid_seen", data_dir=data_dir, inert_anchor=k) for k in (0, 1))
     first = plain.reset(0)[1]
     assert kept.reset(0)[1]["anchor"] == first["anchor"]
@@ -86,12 +100,13 @@ def test_inert_anchor_keeps_the_state_after_nothing_happens(data_dir):
 
 def test_walkthrough_wins_with_reward_10_and_reset_is_repeatable(data_dir):
     from envs.alfworld import ALFWorld
+
     env = ALFWorld("valid_seen", data_dir=data_dir)
     first = env.reset(3)
     for action in env.walkthrough():
         obs, reward, term, trunc, info = env.step(action)
     assert (reward, term, trunc, info["won"]) == (10.0, True, False, True)
-    assert env.reset(3 + len(env.games)) == first      # same game (seed mod games), same start
+    assert env.reset(3 + len(env.games)) == first  # same game (seed mod games), same start
 
 
 def test_speedups_play_the_same_game(data_dir):
@@ -100,7 +115,8 @@ def test_speedups_play_the_same_game(data_dir):
     TextWorld's own, step for step, on games of random admissible actions (one game twice, so the
     second loads from the cache), with all of them and with each alone."""
     import envs.alfworld as alf
-    assert all(getattr(m, a) is ours for m, a, ours in alf.SPEEDUPS.values())   # applied on import
+
+    assert all(getattr(m, a) is ours for m, a, ours in alf.SPEEDUPS.values())  # applied on import
 
     def play(seed):
         env, rng = alf.ALFWorld("valid_unseen", data_dir=data_dir, max_steps=30), random.Random(seed)
@@ -111,6 +127,7 @@ def test_speedups_play_the_same_game(data_dir):
             trace.append((obs, info["admissible_actions"], reward, term, trunc))
         env.env.close()
         return trace
+
     try:
         fast = [play(s) for s in (0, 5, 0)]
         alf.use_speedups(())
@@ -120,7 +137,7 @@ def test_speedups_play_the_same_game(data_dir):
             assert [play(s) for s in (5,)] == fast[1:2], name
     finally:
         alf.use_speedups()
-    assert len(fast[0]) == 31 and len(set(t[0] for t in fast[0])) > 3   # a real walk, not one screen
+    assert len(fast[0]) == 31 and len(set(t[0] for t in fast[0])) > 3  # a real walk, not one screen
 
 
 def test_new_games_reuse_the_downward_library(data_dir):
@@ -132,14 +149,15 @@ def test_new_games_reuse_the_downward_library(data_dir):
     def mapped_copies():
         with open("/proc/self/maps") as maps:
             return len({line.split()[-2] for line in maps if "libdownward.so (deleted)" in line})
+
     env, before = alf.ALFWorld("valid_unseen", data_dir=data_dir, max_steps=3), mapped_copies()
-    for seed in range(6):   # six games in a row: one copy at most is new
+    for seed in range(6):  # six games in a row: one copy at most is new
         obs, info = env.reset(seed)
         env.step(info["admissible_actions"][0])
     env.close()
     assert mapped_copies() - before <= 1
     alf.use_speedups([n for n in alf.SPEEDUPS if n != "library reuse"])
-    try:   # without it, each game maps one more: the measure above sees the leak
+    try:  # without it, each game maps one more: the measure above sees the leak
         before = mapped_copies()
         for seed in range(3):
             env.reset(seed)
@@ -151,6 +169,7 @@ def test_new_games_reuse_the_downward_library(data_dir):
 
 def test_unparseable_response_is_invalid_and_env_survives(data_dir):
     from envs.alfworld import ALFWorld
+
     p = prompt_module("alfworld")
     env = ALFWorld("valid_seen", data_dir=data_dir, max_steps=3)
     obs, info = env.reset(0)
@@ -161,18 +180,20 @@ def test_unparseable_response_is_invalid_and_env_survives(data_dir):
     assert "'help'" not in text and f"'{adm[0]}'" in text
     good = f"<think>look around first</think> <action>{adm[0].upper()}</action>"
     assert p.parse(good, adm) == (adm[0], True)
-    assert p.parse(f"<action>{adm[0]}</action>", adm) == ("", False)   # no <think>: invalid
+    assert p.parse(f"<action>{adm[0]}</action>", adm) == ("", False)  # no <think>: invalid
     # invalid is a no-op, also where the text holds an admissible command (it used to be carried out)
     for junk in ["", None, "<action>go to", adm[0], f"<action>{adm[0]}</action>", "\x00" * 99]:
         action, valid = p.parse(junk, adm)
         assert (action, valid) == ("", False)
         obs, reward, term, trunc, info = env.step(action)
         assert obs == "Nothing happens." and reward == 0.0 and not term
-    assert trunc and info["admissible_actions"]               # still alive, truncated at max_steps
+    assert trunc and info["admissible_actions"]  # still alive, truncated at max_steps
 
 
 def test_groups_start_identical_in_workers(data_dir):
-    envs = GroupedEnvs("alfworld", n_groups=2, group_size=3, workers=2, split="valid_unseen", data_dir=data_dir)
+    envs = GroupedEnvs(
+        "alfworld", n_groups=2, group_size=3, workers=2, split="valid_unseen", data_dir=data_dir
+    )
     try:
         obs, infos = envs.reset([0, 5])
         assert len(set(obs[:3])) == 1 and len(set(obs[3:])) == 1 and obs[0] != obs[3]
@@ -202,7 +223,7 @@ def test_killed_worker_is_replaced_treasure(capfd):
     envs = GroupedEnvs("treasure", n_groups=2, group_size=2, workers=2)
     try:
         kill_and_step(envs, capfd, "up")
-        os.kill(envs.procs[1].pid, signal.SIGKILL)      # dead while idle: the next reset retries
+        os.kill(envs.procs[1].pid, signal.SIGKILL)  # dead while idle: the next reset retries
         envs.procs[1].join()
         assert len(envs.reset([3, 4])[0]) == 4 and envs.restarts == 2
     finally:
@@ -221,7 +242,7 @@ def screen(text):
             col = 0
         else:
             line = lines[-1]
-            line[col:col + 1] = [ch]
+            line[col : col + 1] = [ch]
             col += 1
     return ["".join(line).rstrip() for line in lines]
 
@@ -230,6 +251,7 @@ def test_dead_worker_line_is_not_written_onto_the_progress_bar(monkeypatch):
     """train.py's bar sits on stderr without a newline; the worker's line used to be appended to it
     ("train:  30%|...| 3/10env worker 0 ... died"). It must get a line of its own."""
     from tqdm import tqdm
+
     err = io.StringIO()
     monkeypatch.setattr(sys, "stderr", err)
     envs = GroupedEnvs("treasure", n_groups=2, group_size=2, workers=2)
@@ -262,6 +284,7 @@ def test_train_split_mixes_task_types_eval_splits_stay_sorted(tmp_path):
     types), the valid splits in sorted order. Only the paths matter: a fake tree, no real games."""
     pytest.importorskip("alfworld", reason="alfworld is not installed (pip install -r requirements.txt)")
     from envs.alfworld import TASK_TYPES, ALFWorld, task_type
+
     for split in ("train", "valid_seen"):
         for folder in TASK_TYPES:
             for k in range(30):
@@ -269,8 +292,8 @@ def test_train_split_mixes_task_types_eval_splits_stay_sorted(tmp_path):
                 game.mkdir(parents=True)
                 (game / "game.tw-pddl").write_text("{}")
     train = ALFWorld("train", data_dir=str(tmp_path)).games
-    assert train == ALFWorld("train", data_dir=str(tmp_path)).games and train != sorted(train)   # fixed
-    for it in range(10):    # the paper's 16 groups an iteration, seeds it * 16 + g
+    assert train == ALFWorld("train", data_dir=str(tmp_path)).games and train != sorted(train)  # fixed
+    for it in range(10):  # the paper's 16 groups an iteration, seeds it * 16 + g
         assert len({task_type(train[(it * 16 + g) % len(train)]) for g in range(16)}) >= 4
     valid = ALFWorld("valid_seen", data_dir=str(tmp_path)).games
     assert valid == sorted(valid) and task_type(valid[0]) == task_type(valid[29])
@@ -281,26 +304,32 @@ def test_game_filter_reads_the_game_folder_not_the_data_dir(tmp_path):
     with such a word in its own path keeps its games."""
     pytest.importorskip("alfworld", reason="alfworld is not installed (pip install -r requirements.txt)")
     from envs.alfworld import game_files
+
     root = tmp_path / "Sliced-movable-copy"
-    for folder in ("pick_and_place_simple-Apple-None-Fridge-1", "pick_and_place_simple-AppleSliced-None-Fridge-2",
-                   "pick_and_place_movable-Apple-None-Fridge-3"):
+    for folder in (
+        "pick_and_place_simple-Apple-None-Fridge-1",
+        "pick_and_place_simple-AppleSliced-None-Fridge-2",
+        "pick_and_place_movable-Apple-None-Fridge-3",
+    ):
         game = root / "json_2.1.1" / "valid_seen" / folder / "trial_0"
         game.mkdir(parents=True)
         (game / "game.tw-pddl").write_text("{}")
-    assert [os.path.basename(os.path.dirname(os.path.dirname(g))) for g in game_files("valid_seen", str(root))] == [
-        "pick_and_place_simple-Apple-None-Fridge-1"]
+    assert [
+        os.path.basename(os.path.dirname(os.path.dirname(g))) for g in game_files("valid_seen", str(root))
+    ] == ["pick_and_place_simple-Apple-None-Fridge-1"]
 
 
 def test_eval_sets_cover_the_splits_in_order(data_dir):
     from envs.alfworld import ALFWorld, eval_sets, task_type
+
     sets = eval_sets(data_dir=data_dir)
     assert set(sets) == {"valid_seen", "valid_unseen"}
     for split, (kwargs, seeds) in sets.items():
         assert kwargs == {"split": split} and seeds == list(range(len(ALFWorld(split, data_dir).games)))
     assert all(len(s) == 2 for _, s in eval_sets(2, data_dir).values())
-    if not USER_DATA:   # the unpacked subset: 2 games per task type
+    if not USER_DATA:  # the unpacked subset: 2 games per task type
         assert len(ALFWorld("train", data_dir).games) == 12
-        for split, (_, seeds) in eval_sets(6, data_dir).items():   # a cap spreads over the sorted split
+        for split, (_, seeds) in eval_sets(6, data_dir).items():  # a cap spreads over the sorted split
             games = ALFWorld(split, data_dir).games
             assert len({task_type(games[k]) for k in seeds}) == 6, (split, seeds)
 
@@ -310,12 +339,13 @@ def test_eval_sets_need_only_their_own_games(data_dir, tmp_path, monkeypatch):
     unknown set name is an error that names the fix."""
     import train
     from evaluate import eval_plan
+
     (tmp_path / "json_2.1.1").mkdir()
     os.symlink(os.path.join(data_dir, "json_2.1.1", "valid_unseen"), tmp_path / "json_2.1.1" / "valid_unseen")
     monkeypatch.setenv("ALFWORLD_DATA", str(tmp_path))
     cfg = train.Config(env="alfworld", eval_sets="valid_unseen")
     assert list(eval_plan(cfg)) == ["valid_unseen"]
-    train.check_config(cfg)                        # passes: nothing else looks for valid_seen
+    train.check_config(cfg)  # passes: nothing else looks for valid_seen
     with pytest.raises(FileNotFoundError, match="valid_seen"):
         eval_plan(train.Config(env="alfworld"))
     with pytest.raises(ValueError, match="--eval_sets"):
@@ -329,42 +359,94 @@ def test_train_one_iteration_then_eval_only(data_dir, tmp_path):
     (unseen words become <unk>)."""
     out = tmp_path / "run"
     env = {**os.environ, "ALFWORLD_DATA": data_dir, "PYTHONPATH": ROOT}
-    args = ["--env", "alfworld", "--model", "tiny", "--n_groups", "2", "--group_size", "2", "--iterations",
-            "1", "--eval_every", "1", "--eval_episodes", "1", "--max_response_tokens", "4", "--mini_batch",
-            "16", "--env_workers", "2", "--out_dir", str(out)]
+    args = [
+        "--env",
+        "alfworld",
+        "--model",
+        "tiny",
+        "--n_groups",
+        "2",
+        "--group_size",
+        "2",
+        "--iterations",
+        "1",
+        "--eval_every",
+        "1",
+        "--eval_episodes",
+        "1",
+        "--max_response_tokens",
+        "4",
+        "--mini_batch",
+        "16",
+        "--env_workers",
+        "2",
+        "--out_dir",
+        str(out),
+    ]
     t0 = time.time()
-    r = subprocess.run([sys.executable, "train.py", *args], cwd=ROOT, env=env, capture_output=True, text=True,
-                       timeout=600)
+    r = subprocess.run(
+        [sys.executable, "train.py", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     config = json.loads(r.stdout.split("config: ", 1)[1].splitlines()[0])
     assert (config["memory"], config["memory_k"], config["lr"], config["n_groups"]) == ("window", 2, 1e-6, 2)
     assert "eval valid_seen: success" in r.stdout and "eval valid_unseen: success" in r.stdout
-    last = r.stdout.strip().splitlines()[-1]      # each split apart, never their mean
-    assert re.fullmatch(r"held-out success valid_seen 0\.000, valid_unseen 0\.000 \(valid_seen 1 \+ "
-                        r"valid_unseen 1 games, T=0\.4; random policy valid_seen \d\.\d{3}, "
-                        r"valid_unseen \d\.\d{3}\)", last), last
+    last = r.stdout.strip().splitlines()[-1]  # each split apart, never their mean
+    assert re.fullmatch(
+        r"held-out success valid_seen 0\.000, valid_unseen 0\.000 \(valid_seen 1 \+ "
+        r"valid_unseen 1 games, T=0\.4; random policy valid_seen \d\.\d{3}, "
+        r"valid_unseen \d\.\d{3}\)",
+        last,
+    ), last
     row = json.loads(open(out / "metrics.jsonl").read().splitlines()[-1])
     assert row["samples"] == 4 * 50 and row["valid_ratio"] == 0.0 and row["episode_length"] == 50
-    split_keys = {k for k in row if k.startswith("eval_success/")}   # per split and per task type
+    split_keys = {k for k in row if k.startswith("eval_success/")}  # per split and per task type
     assert {"eval_success/valid_seen", "eval_success/valid_unseen"} <= split_keys
     assert {k.count("/") for k in split_keys} == {1, 2} and "eval_sets" not in row
-    assert row["eval_success"] == row["eval_success/valid_seen"]     # the headline: the first set
-    saved = json.load(open(out / "eval.json"))   # each game's result and task type, per split
+    assert row["eval_success"] == row["eval_success/valid_seen"]  # the headline: the first set
+    saved = json.load(open(out / "eval.json"))  # each game's result and task type, per split
     assert saved["games"] == {"valid_seen": [0], "valid_unseen": [0]}
     from envs.alfworld import TASK_TYPES
+
     assert set(saved["types"]) == {"valid_seen", "valid_unseen"}
     assert all(len(t) == 1 and t[0] in TASK_TYPES.values() for t in saved["types"].values()), saved["types"]
     print(f"train + eval: {time.time() - t0:.0f}s")
-    r = subprocess.run([sys.executable, "train.py", "--env", "alfworld", "--eval_only", "1", "--model",
-                        str(out / "model"), "--eval_sets", "valid_unseen", "--eval_episodes", "1",
-                        "--max_response_tokens", "4", "--env_workers", "0", "--n_groups", "1", "--group_size", "2",
-                        "--out_dir", str(tmp_path / "eval")],   # not the repository's out/, which may hold a run
-                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "train.py",
+            "--env",
+            "alfworld",
+            "--eval_only",
+            "1",
+            "--model",
+            str(out / "model"),
+            "--eval_sets",
+            "valid_unseen",
+            "--eval_episodes",
+            "1",
+            "--max_response_tokens",
+            "4",
+            "--env_workers",
+            "0",
+            "--n_groups",
+            "1",
+            "--group_size",
+            "2",
+            "--out_dir",
+            str(tmp_path / "eval"),
+        ],  # not the repository's out/, which may hold a run
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     lines = r.stdout.strip().splitlines()
     assert lines[-2].startswith("eval-only success valid_unseen 0.000 (valid_unseen 1 games, T=0.4")
-    assert lines[-1].startswith("per task type: valid_unseen/")   # the eval-only's last line (16b221f)
-    assert "over 1 games, invalid actions 1.000 of steps" in r.stdout   # 4 tokens: never both tags
+    assert lines[-1].startswith("per task type: valid_unseen/")  # the eval-only's last line (16b221f)
+    assert "over 1 games, invalid actions 1.000 of steps" in r.stdout  # 4 tokens: never both tags
 
 
 def play(env, seed, deviate=0):
@@ -389,6 +471,7 @@ def test_expert_action_wins_every_game_also_after_leaving_its_plan(data_dir):
     replan: seconds in a big kitchen, so valid_unseen's only). No expert_action unless asked for."""
     from envs import parse_env_args
     from envs.alfworld import TASK_TYPES, ALFWorld, task_type
+
     assert parse_env_args("alfworld", "expert=1") == {"expert": 1}
     with pytest.raises(ValueError, match="--env_args expert="):
         ALFWorld("valid_seen", data_dir=data_dir, expert=2)
@@ -401,7 +484,9 @@ def test_expert_action_wins_every_game_also_after_leaving_its_plan(data_dir):
             assert won and actions == env.walkthrough(), env.gamefile
             if split == "valid_unseen":
                 won, steps, actions = play(env, seed, deviate=1)
-                assert won and actions[0] != env.walkthrough()[0] and steps <= len(env.walkthrough()) + 2, env.gamefile
+                assert won and actions[0] != env.walkthrough()[0] and steps <= len(env.walkthrough()) + 2, (
+                    env.gamefile
+                )
 
 
 def test_bc_collects_expert_steps_and_cloning_lowers_the_loss(data_dir, tiny_model, tmp_path):
@@ -409,10 +494,23 @@ def test_bc_collects_expert_steps_and_cloning_lowers_the_loss(data_dir, tiny_mod
     would build (memory of the last 2 steps) with replies its parser reads back as the expert action;
     30 steps of cloning on the tiny model lower the reply loss and save a folder train.py loads."""
     from transformers import AutoModelForCausalLM
+
     from bench import bc
     from tiny import is_tiny
-    n = bc.main(["--collect", str(tmp_path / "bc-{prompt}.jsonl"), "--games", "2", "--prompt", "tagged", "choice",
-                 "--data_dir", data_dir])
+
+    n = bc.main(
+        [
+            "--collect",
+            str(tmp_path / "bc-{prompt}.jsonl"),
+            "--games",
+            "2",
+            "--prompt",
+            "tagged",
+            "choice",
+            "--data_dir",
+            data_dir,
+        ]
+    )
     rows = {v: [json.loads(line) for line in open(tmp_path / f"bc-{v}.jsonl")] for v in ("tagged", "choice")}
     assert len(rows["tagged"]) == len(rows["choice"]) == n >= 4
     for v, variant in (("tagged", ""), ("choice", "choice")):
@@ -420,21 +518,43 @@ def test_bc_collects_expert_steps_and_cloning_lowers_the_loss(data_dir, tiny_mod
         for prev, r in zip([None] + rows[v], rows[v]):
             assert p.parse(r["reply"], r["admissible"]) == (r["action"], True)
             text = r["messages"][-1]["content"]
-            if r["step"] > 0:    # the window memory shows the previous step's action
+            if r["step"] > 0:  # the window memory shows the previous step's action
                 assert f"-> {prev['action']}]" in text and f"{r['step']} step(s)" in text
     for r in rows["choice"]:
         assert f"\n{r['reply']}. {r['action']}\n" in r["messages"][-1]["content"]
-    assert rows["tagged"][0]["reply"] == (f"<think>The next step towards the task is {rows['tagged'][0]['action']}."
-                                          f"</think><action>{rows['tagged'][0]['action']}</action>")
+    assert rows["tagged"][0]["reply"] == (
+        f"<think>The next step towards the task is {rows['tagged'][0]['action']}."
+        f"</think><action>{rows['tagged'][0]['action']}</action>"
+    )
     model, tok = tiny_model
     model.save_pretrained(tmp_path / "tiny")
     tok.save_pretrained(tmp_path / "tiny")
     out = tmp_path / "bc"
-    losses, _ = bc.main(["--train", str(tmp_path / "bc-choice.jsonl"), "--model", str(tmp_path / "tiny"), "--out",
-                         str(out), "--steps", "30", "--batch", "4", "--lr", "1e-2", "--device", "cpu"])
+    losses, _ = bc.main(
+        [
+            "--train",
+            str(tmp_path / "bc-choice.jsonl"),
+            "--model",
+            str(tmp_path / "tiny"),
+            "--out",
+            str(out),
+            "--steps",
+            "30",
+            "--batch",
+            "4",
+            "--lr",
+            "1e-2",
+            "--device",
+            "cpu",
+        ]
+    )
     assert len(losses) == 30 and sum(losses[-5:]) / 5 < 0.5 * losses[0]
-    assert AutoModelForCausalLM.from_pretrained(out).num_parameters() == model.num_parameters() and is_tiny(str(out))
+    assert AutoModelForCausalLM.from_pretrained(out).num_parameters() == model.num_parameters() and is_tiny(
+        str(out)
+    )
     with pytest.raises(SystemExit, match="--games"):
         bc.main(["--collect", str(tmp_path / "x.jsonl"), "--games", "0", "--data_dir", data_dir])
     with pytest.raises(SystemExit, match="--prompt"):
-        bc.main(["--collect", str(tmp_path / "x.jsonl"), "--prompt", "tagged", "choice", "--data_dir", data_dir])
+        bc.main(
+            ["--collect", str(tmp_path / "x.jsonl"), "--prompt", "tagged", "choice", "--data_dir", data_dir]
+        )

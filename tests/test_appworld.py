@@ -1,6 +1,7 @@
 """AppWorld: the client against a small local server that answers with the shapes of AppWorld's
 environment server (runs anywhere), and against AppWorld's real server on the demo task set, started
 here in AppWorld's virtualenv ($APPWORLD_VENV; skipped with the reason when it is missing)."""
+
 import contextlib
 import json
 import os
@@ -33,9 +34,17 @@ class Fake(BaseHTTPRequestHandler):
             return self.reply(500, {"detail": "The active task world is another one."})
         if method == "initialize":
             server.task_id, server.answer = body["task_id"], None
-            out = {"task_id": body["task_id"], "instruction": f"What is the answer of {body['task_id']}?",
-                   "supervisor": {"first_name": "Ada", "last_name": "Lind", "email": "ada@x.org",
-                                  "phone_number": "555"}, "datetime": "2023-05-18T12:00:00"}
+            out = {
+                "task_id": body["task_id"],
+                "instruction": f"What is the answer of {body['task_id']}?",
+                "supervisor": {
+                    "first_name": "Ada",
+                    "last_name": "Lind",
+                    "email": "ada@x.org",
+                    "phone_number": "555",
+                },
+                "datetime": "2023-05-18T12:00:00",
+            }
         elif method == "execute":
             done = re.search(r"complete_task\(answer=['\"]?(\w+)", body["code"])
             server.answer = done.group(1) if done else server.answer
@@ -44,9 +53,13 @@ class Fake(BaseHTTPRequestHandler):
             out = server.answer is not None
         elif method == "evaluate":
             ok = server.answer == ANSWER
-            out = {"success": ok, "difficulty": 1, "num_tests": 2,
-                   "passes": [{"requirement": "r1", "label": None}] * (1 + ok),
-                   "failures": [] if ok else [{}]}
+            out = {
+                "success": ok,
+                "difficulty": 1,
+                "num_tests": 2,
+                "passes": [{"requirement": "r1", "label": None}] * (1 + ok),
+                "failures": [] if ok else [{}],
+            }
         else:
             out = None
         self.reply(200, {"output": out})
@@ -106,21 +119,27 @@ def fakes(tmp_path):
 def test_client_speaks_the_servers_protocol(fakes):
     kwargs, servers = fakes
     env = aw.AppWorld(**kwargs, max_steps=3)
-    obs, info = env.reset(4)   # train task 4 % 3 = 1: beta_1
-    server = next(s for s in servers if s.calls)   # the env took one server, and only one
+    obs, info = env.reset(4)  # train task 4 % 3 = 1: beta_1
+    server = next(s for s in servers if s.calls)  # the env took one server, and only one
     assert sum(bool(s.calls) for s in servers) == 1
-    assert server.calls[0] == ("/initialize", {"task_id": "beta_1", "experiment_name": "gigpo-127-0-0-1-"
-                                                + str(server.server_port)})
-    assert obs == ("My name is: Ada Lind. My personal email address is: ada@x.org and phone number: 555.\n"
-                   "Task: What is the answer of beta_1?")
+    assert server.calls[0] == (
+        "/initialize",
+        {"task_id": "beta_1", "experiment_name": "gigpo-127-0-0-1-" + str(server.server_port)},
+    )
+    assert obs == (
+        "My name is: Ada Lind. My personal email address is: ada@x.org and phone number: 555.\n"
+        "Task: What is the answer of beta_1?"
+    )
     assert (info["task"], info["won"], info["task_type"], info["anchor"]) == (obs, False, "spotify", obs)
     obs, r, term, trunc, info = env.step("x = 1\nprint(x)")
     assert (obs, r, term, trunc) == ("ran x = 1\nprint(x)", 0.0, False, False)
     assert info["task"].endswith("beta_1?")
-    assert server.calls[-2:] == [("/execute", {"task_id": "beta_1", "code": "x = 1\nprint(x)"}),
-                                 ("/task_completed", {"task_id": "beta_1"})]
+    assert server.calls[-2:] == [
+        ("/execute", {"task_id": "beta_1", "code": "x = 1\nprint(x)"}),
+        ("/task_completed", {"task_id": "beta_1"}),
+    ]
     n = len(server.calls)
-    for junk in ("", "   \n", None):   # an unreadable reply: nothing runs
+    for junk in ("", "   \n", None):  # an unreadable reply: nothing runs
         obs, r, term, trunc, info = env.step(junk)
         assert obs == aw.INVALID and len(server.calls) == n and not term
         env.steps = 0
@@ -130,7 +149,7 @@ def test_client_speaks_the_servers_protocol(fakes):
     assert server.calls[-2][1] == {"task_id": "beta_1", "suppress_errors": True}
     with pytest.raises(RuntimeError, match="after the episode ended"):
         env.step("print(1)")
-    env.reset(0)   # alpha_1: task type from required_apps.json; the last step is evaluated
+    env.reset(0)  # alpha_1: task type from required_apps.json; the last step is evaluated
     assert env.type == "gmail+venmo" and env._info(False, "")["task_type"] == "gmail+venmo"
     for k in range(3):
         obs, r, term, trunc, info = env.step(f"print({k})")
@@ -149,7 +168,7 @@ def test_each_env_holds_its_own_server(fakes, tmp_path):
         envs[4].reset(0)
     assert "python -m envs.appworld serve N" in str(e.value) and "\n" not in str(e.value)
     url = envs[0].url
-    envs[0].close()   # its server is free again
+    envs[0].close()  # its server is free again
     assert envs[4].reset(0)[0].startswith("My name is") and envs[4].url == url
     for env in envs:
         env.close()
@@ -159,9 +178,9 @@ def test_no_server_unreachable_server_and_missing_data(tmp_path, monkeypatch, fa
     kwargs, _ = fakes
     monkeypatch.delenv("APPWORLD_SERVERS", raising=False)
     with pytest.raises(RuntimeError, match="no AppWorld server given") as e:
-        aw.AppWorld(data_dir=kwargs["data_dir"]).reset(0)   # constructible without one: train.py's checks
+        aw.AppWorld(data_dir=kwargs["data_dir"]).reset(0)  # constructible without one: train.py's checks
     assert "$APPWORLD_SERVERS" in str(e.value) and "\n" not in str(e.value)
-    monkeypatch.setenv("APPWORLD_SERVERS", "http://127.0.0.1:9")   # discard port: nothing listens
+    monkeypatch.setenv("APPWORLD_SERVERS", "http://127.0.0.1:9")  # discard port: nothing listens
     with pytest.raises(RuntimeError) as e:
         aw.AppWorld(data_dir=kwargs["data_dir"]).reset(0)
     msg = str(e.value)
@@ -193,6 +212,7 @@ def test_killed_worker_is_replaced_and_its_episodes_truncated(fakes, capfd):
     """As for every env: the dead worker's episodes end as truncated, the new worker takes the
     servers the dead one held (their locks died with it) and plays on."""
     from test_alfworld import kill_and_step
+
     kwargs, _ = fakes
     envs = GroupedEnvs("appworld", n_groups=2, group_size=2, workers=2, **kwargs)
     try:
@@ -204,8 +224,20 @@ def test_killed_worker_is_replaced_and_its_episodes_truncated(fakes, capfd):
 @pytest.mark.parametrize("chat", [False, True])
 def test_parsers_never_raise(chat):
     prompt, rng = prompt_module("appworld", chat=chat), random.Random(0)
-    alphabet = ["<code>", "</code>", "<think>", "</think>", "```python\n", "```", "print(1)", " ", "\n", "<",
-                ">", "x"]
+    alphabet = [
+        "<code>",
+        "</code>",
+        "<think>",
+        "</think>",
+        "```python\n",
+        "```",
+        "print(1)",
+        " ",
+        "\n",
+        "<",
+        ">",
+        "x",
+    ]
     for _ in range(3000):
         text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 12)))
         action, valid = prompt.parse(text, aw.SUGGESTED)
@@ -213,13 +245,20 @@ def test_parsers_never_raise(chat):
         if valid and action not in aw.SUGGESTED:
             assert "<code>" in text and "<think>" in text and "</code>" not in action
     p = prompt_module("appworld", chat=True)
-    reply = ("<think>list apps</think>\n<code>\n```python\nprint(apis.api_docs.show_app_descriptions())"
-             "\n```\n</code>")
+    reply = (
+        "<think>list apps</think>\n<code>\n```python\nprint(apis.api_docs.show_app_descriptions())"
+        "\n```\n</code>"
+    )
     assert p.parse(reply, []) == ("print(apis.api_docs.show_app_descriptions())", True)
     two = "<think>a</think><code>\nx = 1\n  print(x)</code><code>y</code>"
     assert p.parse(two, []) == ("x = 1\n  print(x)", True)
-    for bad in ("<code>print(1)</code>", "<think>a</think><code> \n </code>", "<think>a</think> print(1)",
-                None, ""):
+    for bad in (
+        "<code>print(1)</code>",
+        "<think>a</think><code> \n </code>",
+        "<think>a</think> print(1)",
+        None,
+        "",
+    ):
         assert p.parse(bad, []) == ("", False)
     tiny = prompt_module("appworld")
     assert tiny.parse(" print(apis.supervisor.show_active_task()) ", aw.SUGGESTED) == (aw.SUGGESTED[1], True)
@@ -230,21 +269,30 @@ def test_parsers_never_raise(chat):
 
 # --- AppWorld's real server, on the demo set made by AppWorld's code -------------------------------------
 
+
 def scripted(obs):
     """The code that solves a demo task, from its instruction (one step)."""
     email = re.search(r"email address is: (\S+) and", obs).group(1)
-    login = ("pw = [a for a in apis.supervisor.show_account_passwords() if a['account_name'] == "
-             "'simple_note'][0]['password']\n"
-             f"tok = apis.simple_note.login(username='{email}', password=pw)['access_token']\n")
+    login = (
+        "pw = [a for a in apis.supervisor.show_account_passwords() if a['account_name'] == "
+        "'simple_note'][0]['password']\n"
+        f"tok = apis.simple_note.login(username='{email}', password=pw)['access_token']\n"
+    )
     if m := re.search(r"note that mentions (\w+)\?", obs):
-        return login + (f"notes = apis.simple_note.search_notes(access_token=tok, query='{m.group(1)}')\n"
-                        "apis.supervisor.complete_task(answer=notes[0]['title'])")
+        return login + (
+            f"notes = apis.simple_note.search_notes(access_token=tok, query='{m.group(1)}')\n"
+            "apis.supervisor.complete_task(answer=notes[0]['title'])"
+        )
     if m := re.search(r'titled "(.+)" with the content "(.+)"\.', obs):
-        return login + (f"apis.simple_note.create_note(access_token=tok, title={m.group(1)!r}, "
-                        f"content={m.group(2)!r})\napis.supervisor.complete_task()")
+        return login + (
+            f"apis.simple_note.create_note(access_token=tok, title={m.group(1)!r}, "
+            f"content={m.group(2)!r})\napis.supervisor.complete_task()"
+        )
     name = re.search(r"zip code of my (\w+) address", obs).group(1)
-    return (f"a = [a for a in apis.supervisor.show_addresses() if a['name'].lower() == {name!r}][0]\n"
-            "apis.supervisor.complete_task(answer=a['zip_code'])")
+    return (
+        f"a = [a for a in apis.supervisor.show_addresses() if a['name'].lower() == {name!r}][0]\n"
+        "apis.supervisor.complete_task(answer=a['zip_code'])"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -252,14 +300,15 @@ def real(tmp_path_factory):
     """The demo set (3 train, 3 test tasks) and 2 real AppWorld servers on it."""
     python = os.path.join(aw.VENV, "bin", "python")
     if not os.path.exists(python):
-        pytest.skip(f"no AppWorld virtualenv at {aw.VENV} (set $APPWORLD_VENV; python -m envs.appworld "
-                    f"install)")
+        pytest.skip(
+            f"no AppWorld virtualenv at {aw.VENV} (set $APPWORLD_VENV; python -m envs.appworld install)"
+        )
     root = demo_sets.appworld(str(tmp_path_factory.mktemp("appworld_demo")), n_train=3, n_test=3)
     port = 18000 + os.getpid() % 1000 * 2
     urls, procs = aw.serve(2, root, port=port)
     yield {"data_dir": root, "servers": urls}
     for p in procs:
-        p.kill()   # SIGTERM's graceful shutdown takes ~14 s
+        p.kill()  # SIGTERM's graceful shutdown takes ~14 s
         p.wait(timeout=30)
 
 
@@ -274,8 +323,9 @@ def test_demo_set_on_the_real_server_random_and_scripted(real):
             types.append(info["task_type"])
             done = False
             while not done:
-                action = (rng.choice(info["admissible_actions"]) if policy == "random"
-                          else scripted(info["task"]))
+                action = (
+                    rng.choice(info["admissible_actions"]) if policy == "random" else scripted(info["task"])
+                )
                 obs, r, term, trunc, info = env.step(action)
                 done = term or trunc
             wins[policy].append((info["won"], r, info["tests"]))
@@ -287,7 +337,7 @@ def test_demo_set_on_the_real_server_random_and_scripted(real):
 
 def test_real_server_errors_and_a_wrong_answer(real):
     env = aw.AppWorld(**real, split="train")
-    obs, info = env.reset(0)   # notetitle_1
+    obs, info = env.reset(0)  # notetitle_1
     obs, r, term, trunc, info = env.step("print(apis.supervisor.show_active_task()['instruction'])")
     assert obs.strip() == info["task"].split("Task: ")[1] and not term
     obs, *_ = env.step("1 / 0")

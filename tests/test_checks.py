@@ -1,5 +1,6 @@
 """The command line's one-line errors (checks.py) and `python -m evaluate`'s refusals, in-process:
 check_config is what main runs first, so a SystemExit here is a stop before any work."""
+
 import json
 
 import pytest
@@ -17,11 +18,20 @@ def stop_line(args, tmp_path):
     return msg
 
 
-@pytest.mark.parametrize("env, env_args", [
-    ("keydoor", "max_steps=0"), ("keydoor", "size=1"), ("keydoor", "walls=100"), ("keydoor", "max_steps=abc"),
-    ("keydoor", "key=2"), ("treasure", "max_steps=0"), ("treasure", "walls=24"), ("sokoban", "max_steps=0"),
-    ("sokoban", "search_depth=x"),
-])
+@pytest.mark.parametrize(
+    "env, env_args",
+    [
+        ("keydoor", "max_steps=0"),
+        ("keydoor", "size=1"),
+        ("keydoor", "walls=100"),
+        ("keydoor", "max_steps=abc"),
+        ("keydoor", "key=2"),
+        ("treasure", "max_steps=0"),
+        ("treasure", "walls=24"),
+        ("sokoban", "max_steps=0"),
+        ("sokoban", "search_depth=x"),
+    ],
+)
 def test_bad_env_args_of_every_built_in_game_are_one_line(env, env_args, tmp_path):
     msg = stop_line(["--env", env, "--env_args", env_args], tmp_path)
     assert msg.startswith(f"error: --env_args {env_args!r}: {env}: "), msg
@@ -44,6 +54,7 @@ def test_compare_refuses_evals_of_different_envs_or_games(tmp_path):
     """A treasure run and a key-and-door run both play "held-out" seeds 10^9 + k: the same names, not
     the same games. An eval.json from before env and seeds were written is compared as before."""
     import evaluate
+
     write_eval(tmp_path / "t", "treasure", [1, 0, 1], [0, 1, 2])
     write_eval(tmp_path / "k", "keydoor", [0, 0, 1], [0, 1, 2])
     write_eval(tmp_path / "t2", "treasure", [0, 0, 1], [5, 6, 7])
@@ -52,7 +63,7 @@ def test_compare_refuses_evals_of_different_envs_or_games(tmp_path):
         evaluate.compare(str(tmp_path / "t"), str(tmp_path / "k"))
     with pytest.raises(ValueError, match="held-out: the evals played other seeds"):
         evaluate.compare(str(tmp_path / "t"), str(tmp_path / "t2"))
-    table = evaluate.compare(str(tmp_path / "t"), str(tmp_path / "t3"))   # same games, another reward
+    table = evaluate.compare(str(tmp_path / "t"), str(tmp_path / "t3"))  # same games, another reward
     assert "env_args '' and 'progress=0'" in table.splitlines()[0]
     (tmp_path / "old").mkdir()
     old = {"iteration": 1, "rates": {}, "games": {"held-out": [0] * 3}}
@@ -66,6 +77,7 @@ def test_evaluate_writes_the_env_and_the_seeds_it_played(tmp_path, monkeypatch):
 
     class Envs:
         n = 2
+
     monkeypatch.setattr(evaluate, "rollout", lambda *a, **k: ([], [{"won": True}, {"won": False}], None))
     monkeypatch.setattr(evaluate, "eval_envs_for", lambda cfg, envs, kwargs, seeds: envs)
     cfg = train.Config(env="keydoor", env_args="size=6", eval_episodes=2, out_dir=str(tmp_path))

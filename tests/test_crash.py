@@ -1,6 +1,7 @@
 """What a kill, a damaged checkpoint or a NaN can cost: at most the iterations since the last
 checkpoint, never the checkpoint itself. Kill points are simulated by arranging the files a kill
 leaves behind, or by a hook that raises where the kill would strike; train.main runs in-process."""
+
 import io
 import json
 import logging
@@ -18,8 +19,20 @@ import checkpoint
 import train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ARGS = ["--n_groups", "2", "--group_size", "2", "--eval_episodes", "2", "--engine", "hf", "--eval_every", "1",
-        "--mini_batch", "8"]
+ARGS = [
+    "--n_groups",
+    "2",
+    "--group_size",
+    "2",
+    "--eval_episodes",
+    "2",
+    "--engine",
+    "hf",
+    "--eval_every",
+    "1",
+    "--mini_batch",
+    "8",
+]
 
 
 class Killed(BaseException):
@@ -58,16 +71,19 @@ def one_line_error(excinfo, *words):
 def partial(path):
     """A folder half-deleted by a kill during shutil.rmtree."""
     files = sorted(os.listdir(path))
-    for f in files[:len(files) // 2]:
+    for f in files[: len(files) // 2]:
         os.remove(path / f)
 
 
-@pytest.mark.parametrize("arrange", [
-    "ckpt.old half-deleted",       # kill while the swap deleted ckpt.old: every later save failed
-    "model.old half-deleted",      # the same in model/'s swap
-    "ckpt/ renamed, not replaced",  # kill between the swap's two renames: no ckpt/, ckpt.old complete
-    "metrics line half-written",   # kill mid-write of a metrics line: resume crashed on it
-])
+@pytest.mark.parametrize(
+    "arrange",
+    [
+        "ckpt.old half-deleted",  # kill while the swap deleted ckpt.old: every later save failed
+        "model.old half-deleted",  # the same in model/'s swap
+        "ckpt/ renamed, not replaced",  # kill between the swap's two renames: no ckpt/, ckpt.old complete
+        "metrics line half-written",  # kill mid-write of a metrics line: resume crashed on it
+    ],
+)
 def test_resume_after_a_kill_at_any_point_of_the_save(run, arrange):
     if arrange == "ckpt.old half-deleted":
         shutil.copytree(run / "ckpt", run / "ckpt.old")
@@ -85,6 +101,7 @@ def test_resume_after_a_kill_at_any_point_of_the_save(run, arrange):
     assert json.load(open(run / "ckpt" / "meta.json"))["iteration"] == 3
     assert not any(os.path.exists(run / d) for d in ("ckpt.old", "model.old", "ckpt.tmp", "model.tmp"))
     from transformers import AutoModelForCausalLM
+
     AutoModelForCausalLM.from_pretrained(run / "model")
 
 
@@ -96,9 +113,10 @@ def test_checkpoint_never_leads_the_log(tmp_path, monkeypatch):
 
     def swap(tmp, final):
         swaps.append(os.path.basename(final))
-        if swaps.count("ckpt") == 2:   # iteration 2's checkpoint: killed before ckpt/ is replaced
+        if swaps.count("ckpt") == 2:  # iteration 2's checkpoint: killed before ckpt/ is replaced
             raise Killed
         real_swap(tmp, final)
+
     monkeypatch.setattr(checkpoint, "_swap_in", swap)
     with pytest.raises(Killed):
         train.main([*ARGS, "--iterations", "2", "--out_dir", str(out)])
@@ -112,37 +130,44 @@ def test_checkpoint_never_leads_the_log(tmp_path, monkeypatch):
 def flip_optimizer_bytes(ckpt):
     """16 bytes of one AdamW exp_avg set to 0xff: they load without complaint, as NaN."""
     from torch.distributed.checkpoint import FileSystemReader
-    info = next(v for k, v in FileSystemReader(str(ckpt)).read_metadata().storage_data.items()
-                if k.fqn.endswith("q_proj.weight.exp_avg"))
+
+    info = next(
+        v
+        for k, v in FileSystemReader(str(ckpt)).read_metadata().storage_data.items()
+        if k.fqn.endswith("q_proj.weight.exp_avg")
+    )
     path = ckpt / info.relative_path
     data = bytearray(path.read_bytes())
-    blob = bytes(data[info.offset:info.offset + info.length])
+    blob = bytes(data[info.offset : info.offset + info.length])
     at = info.offset + blob.index(torch.load(io.BytesIO(blob)).numpy().tobytes())
-    data[at:at + 16] = b"\xff" * 16
+    data[at : at + 16] = b"\xff" * 16
     path.write_bytes(bytes(data))
 
 
-@pytest.mark.parametrize("damage, words", [
-    ("meta.json truncated", "unreadable or incomplete"),
-    ("meta.json without sched", "unreadable or incomplete"),
-    ("shard truncated", "does not load"),
-    (".metadata missing", "does not load"),
-    (".metadata truncated", "does not load"),   # the loader printed two tracebacks before the line
-    ("rng truncated", "does not load"),
-    ("optimizer bytes flipped", "non-finite values"),
-])
+@pytest.mark.parametrize(
+    "damage, words",
+    [
+        ("meta.json truncated", "unreadable or incomplete"),
+        ("meta.json without sched", "unreadable or incomplete"),
+        ("shard truncated", "does not load"),
+        (".metadata missing", "does not load"),
+        (".metadata truncated", "does not load"),  # the loader printed two tracebacks before the line
+        ("rng truncated", "does not load"),
+        ("optimizer bytes flipped", "non-finite values"),
+    ],
+)
 def test_damaged_checkpoint_is_one_line(run, damage, words, caplog):
     ckpt = run / "ckpt"
     if damage == "meta.json truncated":
         text = (ckpt / "meta.json").read_text()
-        (ckpt / "meta.json").write_text(text[:len(text) // 2])
+        (ckpt / "meta.json").write_text(text[: len(text) // 2])
     elif damage == "meta.json without sched":
         meta = json.load(open(ckpt / "meta.json"))
         del meta["sched"]
         (ckpt / "meta.json").write_text(json.dumps(meta))
     elif damage == "shard truncated":
         shard = ckpt / "__0_0.distcp"
-        shard.write_bytes(shard.read_bytes()[:shard.stat().st_size // 2])
+        shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
     elif damage == ".metadata missing":
         os.remove(ckpt / ".metadata")
     elif damage == ".metadata truncated":
@@ -156,7 +181,7 @@ def test_damaged_checkpoint_is_one_line(run, damage, words, caplog):
         resume(run)
     one_line_error(e, "--resume", str(ckpt), "corrupt", words)
     assert (run / "metrics.jsonl").read_text() == log
-    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]   # no library tracebacks
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]  # no library tracebacks
 
 
 def test_metrics_log_on_resume(tmp_path):
@@ -164,7 +189,7 @@ def test_metrics_log_on_resume(tmp_path):
     log = tmp_path / "metrics.jsonl"
     log.write_text('{"iteration": 1}\n{"iteration": 2}\n{"iteration": 3}\n{"itera')
     assert checkpoint.kept_log(str(log), 2) == ['{"iteration": 1}\n', '{"iteration": 2}\n']
-    log.write_text('{"iteration": 1}\n{"iteration": 2}')     # complete, but the newline did not make it
+    log.write_text('{"iteration": 1}\n{"iteration": 2}')  # complete, but the newline did not make it
     assert checkpoint.kept_log(str(log), 2) == ['{"iteration": 1}\n', '{"iteration": 2}\n']
     log.write_text('{"iteration": 1}\ngarbage\n{"iteration": 3}\n')
     with pytest.raises(SystemExit) as e:
@@ -182,10 +207,11 @@ def test_non_finite_update_stops_before_anything_is_saved(run, monkeypatch):
     before = snapshot(run)
     real_update = train.update
 
-    def update(model, *a, **k):   # any cause: here one weight turns NaN in the update of iteration 3
+    def update(model, *a, **k):  # any cause: here one weight turns NaN in the update of iteration 3
         out = real_update(model, *a, **k)
         next(model.parameters()).data[0, 0] = float("nan")
         return out
+
     monkeypatch.setattr(train, "update", update)
     with pytest.raises(SystemExit) as e:
         resume(run, 4)
@@ -241,11 +267,25 @@ def _running(pid):
 def test_sigterm_stops_the_env_workers_with_the_run(tmp_path):
     """SIGTERM (a scheduler's kill) with --env_workers 2 ends like Ctrl-C: one line saying what is
     kept, and no env worker left behind (they outlived the run by ~10 s, still starting up)."""
-    p = subprocess.Popen([sys.executable, "train.py", *ARGS, "--env_workers", "2", "--iterations", "500",
-                          "--out_dir", str(tmp_path / "run")], cwd=ROOT, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "train.py",
+            *ARGS,
+            "--env_workers",
+            "2",
+            "--iterations",
+            "500",
+            "--out_dir",
+            str(tmp_path / "run"),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.time() + 120
-    while len(_children(p.pid)) < 3 and time.time() < deadline:   # the tracker + 2 workers
+    while len(_children(p.pid)) < 3 and time.time() < deadline:  # the tracker + 2 workers
         time.sleep(0.2)
     workers = [k for k in _children(p.pid) if b"spawn_main" in open(f"/proc/{k}/cmdline", "rb").read()]
     assert len(workers) >= 2, "the run never started its env workers"

@@ -1,4 +1,5 @@
 """FSDP2 / torchrun on CPU (gloo), the micro-batch layouts, and checkpoint/resume."""
+
 import json
 import os
 import signal
@@ -21,8 +22,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def torchrun(*args):
     """2 ranks on a port free at this call (two suites on one machine must not collide, and one port
     picked at import could be taken by the time a later test ran)."""
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={fsdp.free_port()}",
-            *args]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=2",
+        f"--master_port={fsdp.free_port()}",
+        *args,
+    ]
 
 
 ENV = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}
@@ -38,8 +45,9 @@ def test_packed_and_padded_micro_batches_give_the_same_log_probs():
     idx = list(range(len(samples)))
     padded = ppo.response_logprobs(model, ppo.make_batch(samples, idx, tok.pad_token_id, False), "cpu")
     packed = ppo.response_logprobs(model, ppo.make_batch(samples, idx, tok.pad_token_id, True), "cpu")
-    one = torch.cat([ppo.response_logprobs(model, ppo.make_batch(samples, [i], 0, False), "cpu")[0]
-                     for i in idx])
+    one = torch.cat(
+        [ppo.response_logprobs(model, ppo.make_batch(samples, [i], 0, False), "cpu")[0] for i in idx]
+    )
     assert padded[0].shape == (sum(len(s.response_ids) for s in samples),)
     assert torch.allclose(padded[0], one, atol=1e-5) and torch.allclose(packed[0], one, atol=1e-5)
     assert torch.allclose(padded[1], packed[1], atol=1e-5)
@@ -63,7 +71,9 @@ def test_compiled_layers_score_and_train_like_plain_ones():
             assert torch.allclose(a, b, atol=1e-5)
     for m in (plain, compiled):
         m.zero_grad()
-        ppo.response_logprobs(m, ppo.make_batch(samples, idx, tok.pad_token_id, True), "cpu")[0].sum().backward()
+        ppo.response_logprobs(m, ppo.make_batch(samples, idx, tok.pad_token_id, True), "cpu")[
+            0
+        ].sum().backward()
     for p, q in zip(plain.parameters(), compiled.parameters()):
         assert torch.allclose(p.grad, q.grad, atol=1e-5)
 
@@ -75,9 +85,13 @@ def test_any_causal_lm_shards_a_tiny_gpt2(monkeypatch):
     import torch.distributed as dist
     from torch.distributed.fsdp import FSDPModule
     from transformers import GPT2Config, GPT2LMHeadModel
+
     torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=2,
-                                       bos_token_id=0, eos_token_id=0)).eval()   # eval: no dropout
+    model = GPT2LMHeadModel(
+        GPT2Config(
+            vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=2, bos_token_id=0, eos_token_id=0
+        )
+    ).eval()  # eval: no dropout
     ids = torch.randint(0, 64, (2, 8))
     with torch.no_grad():
         want = model(ids).logits
@@ -91,7 +105,7 @@ def test_any_causal_lm_shards_a_tiny_gpt2(monkeypatch):
             assert torch.allclose(sharded(ids).logits, want, atol=1e-5)
     finally:
         dist.destroy_process_group()
-    llama = build_tiny("treasure", seed=0)[0]       # and the tiny Llama's are still model.layers
+    llama = build_tiny("treasure", seed=0)[0]  # and the tiny Llama's are still model.layers
     assert fsdp.decoder_layers(llama) == list(llama.model.layers)
 
 
@@ -114,46 +128,74 @@ def test_gpu_packed_varlen_and_padded_sdpa_give_the_same_loss():
     """On GPU the update packs rows for torch's varlen flash kernel (fsdp.attn_implementation); the
     padded SDPA path must give the same per-token log-probs and the same loss, within bf16 noise."""
     import random
+
     from transformers import Qwen2Config, Qwen2ForCausalLM
+
     from fsdp import attn_implementation
+
     dev = torch.device("cuda")
     impl = attn_implementation(dev)
     if impl == "sdpa":
         pytest.skip("no packed attention kernel in this torch (needs torch >= 2.10 or flash-attn)")
-    cfg = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
-               num_key_value_heads=2, vocab_size=1000)
+    cfg = dict(
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=1000,
+    )
     torch.manual_seed(0)
     padded_model = Qwen2ForCausalLM(Qwen2Config(**cfg, attn_implementation="sdpa")).to(dev, torch.bfloat16)
     packed_model = Qwen2ForCausalLM(Qwen2Config(**cfg, attn_implementation=impl)).to(dev, torch.bfloat16)
     packed_model.load_state_dict(padded_model.state_dict())
     rng = random.Random(0)
-    samples = [Sample([rng.randrange(1000) for _ in range(rng.randint(20, 200))],
-                            [rng.randrange(1000) for _ in range(rng.randint(1, 40))], [], 0.0, False, True,
-                            0, i, "", 0) for i in range(12)]
+    samples = [
+        Sample(
+            [rng.randrange(1000) for _ in range(rng.randint(20, 200))],
+            [rng.randrange(1000) for _ in range(rng.randint(1, 40))],
+            [],
+            0.0,
+            False,
+            True,
+            0,
+            i,
+            "",
+            0,
+        )
+        for i in range(12)
+    ]
     idx = list(range(len(samples)))
     lp_pad, _ = ppo.response_logprobs(padded_model, ppo.make_batch(samples, idx, 0, False), dev)
     lp_pack, _ = ppo.response_logprobs(packed_model, ppo.make_batch(samples, idx, 0, True), dev)
     assert lp_pad.shape == lp_pack.shape == (sum(len(s.response_ids) for s in samples),)
-    diff = (lp_pad - lp_pack).abs()    # a mask leaking across packed sequences would be ~0.1-1 per token
+    diff = (lp_pad - lp_pack).abs()  # a mask leaking across packed sequences would be ~0.1-1 per token
     assert diff.max() < 0.1 and diff.mean() < 0.01 and abs(lp_pad.mean() - lp_pack.mean()) < 2e-3
 
 
-@pytest.mark.parametrize("installed, kernel", [("2.8.3", "flash_attention_2"), (None, "torch_varlen"),
-                                               ("4.0.0b4", "torch_varlen")])
+@pytest.mark.parametrize(
+    "installed, kernel", [("2.8.3", "flash_attention_2"), (None, "torch_varlen"), ("4.0.0b4", "torch_varlen")]
+)
 def test_flash_attn_2_is_told_by_its_distribution_version(monkeypatch, installed, kernel):
     """flash-attn 4 also installs a `flash_attn` module: only the flash-attn 2 distribution counts,
     else torch's varlen kernel (the GPU choice, made here with the lookups faked)."""
     import importlib.metadata
     import importlib.util
+
     import fsdp
+
     real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: object() if name == "flash_attn" else real_find_spec(name, *a))
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: object() if name == "flash_attn" else real_find_spec(name, *a),
+    )
 
     def version(name):
         if installed is None or name not in ("flash-attn", "flash_attn"):
             raise importlib.metadata.PackageNotFoundError(name)
         return installed
+
     monkeypatch.setattr(importlib.metadata, "version", version)
     assert fsdp.attn_implementation(torch.device("cuda")) == kernel
 
@@ -163,9 +205,14 @@ def test_single_process_run_rendezvous_on_a_free_port(monkeypatch):
     port (a fixed 29511 made a second run on the same host die with EADDRINUSE); a set one is kept.
     The GPU and the process group are faked: only the port is under test."""
     import socket
+
     import fsdp
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    }
     monkeypatch.setattr(os, "environ", env)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
@@ -173,7 +220,7 @@ def test_single_process_run_rendezvous_on_a_free_port(monkeypatch):
     monkeypatch.setattr(fsdp.dist, "get_rank", lambda: 0)
     monkeypatch.setattr(fsdp.dist, "get_world_size", lambda: 1)
     monkeypatch.setattr(fsdp, "_DIST", False)
-    with socket.socket() as held:       # another run's rendezvous on the old fixed port
+    with socket.socket() as held:  # another run's rendezvous on the old fixed port
         held.bind(("127.0.0.1", 29511))
         held.listen()
         assert fsdp.setup_dist(train.Config()) == (0, 1, torch.device("cuda:0"))
@@ -191,10 +238,19 @@ def test_varlen_attention_generates_like_sdpa_on_cpu():
     """The torch_varlen implementation (GPU update) hands every call that is not a packed row to SDPA:
     padded generation from such a model gives SDPA's tokens (this part runs on CPU too)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
+
     from fsdp import register_varlen
+
     register_varlen()
-    cfg = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
-               num_key_value_heads=1, vocab_size=50, pad_token_id=0)
+    cfg = dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        vocab_size=50,
+        pad_token_id=0,
+    )
     torch.manual_seed(0)
     ref = Qwen2ForCausalLM(Qwen2Config(**cfg, attn_implementation="sdpa")).eval()
     var = Qwen2ForCausalLM(Qwen2Config(**cfg, attn_implementation="torch_varlen")).eval()
@@ -220,25 +276,34 @@ def test_two_gloo_ranks_update_like_one_process(tmp_path):
     balancing) == one process."""
     script = os.path.join(ROOT, "tests", "dist_update.py")
     subprocess.run([sys.executable, script, str(tmp_path / "one.pt")], check=True, env=ENV, timeout=300)
-    ranks = subprocess.run(torchrun(script, str(tmp_path / "two.pt")), env=ENV, timeout=300, capture_output=True,
-                           text=True)
-    where = "\n".join(line for line in ranks.stderr.splitlines() if "dist_update rank" in line or "terminate" in line)
-    assert ranks.returncode == 0, where + "\n...\n" + ranks.stderr[-3000:]   # why and where it failed
+    ranks = subprocess.run(
+        torchrun(script, str(tmp_path / "two.pt")), env=ENV, timeout=300, capture_output=True, text=True
+    )
+    where = "\n".join(
+        line for line in ranks.stderr.splitlines() if "dist_update rank" in line or "terminate" in line
+    )
+    assert ranks.returncode == 0, where + "\n...\n" + ranks.stderr[-3000:]  # why and where it failed
     one, two = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")
     init, _ = build_tiny("treasure", seed=0)
     init = dict(init.named_parameters())
     assert abs(one["loss"] - two["loss"]) < 1e-5 and abs(one["grad_norm"] - two["grad_norm"]) < 1e-4
     moved = max((one["weights"][k] - init[k]).abs().max().item() for k in init)
     diff = max((one["weights"][k] - two["weights"][k]).abs().max().item() for k in init)
-    assert moved > 5e-3 and diff < 5e-4, (moved, diff)   # lr 1e-2: weights moved, and moved alike
+    assert moved > 5e-3 and diff < 5e-4, (moved, diff)  # lr 1e-2: weights moved, and moved alike
     # the ranks started at 3/4 vs 1/4 of the tokens; balanced, they differ by at most one sample
     t0, t1 = two["tokens"]
     assert abs(t0 - t1) <= two["longest"] and t0 + t1 == sum(one["tokens"]), two["tokens"]
 
 
 def run_train(args, **kw):
-    return subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), *args], env=ENV, cwd=ROOT,
-                          capture_output=True, text=True, **kw)
+    return subprocess.run(
+        [sys.executable, os.path.join(ROOT, "train.py"), *args],
+        env=ENV,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        **kw,
+    )
 
 
 SMALL = ["--n_groups", "4", "--group_size", "2", "--eval_episodes", "8", "--threads", "1"]
@@ -248,33 +313,53 @@ def test_torchrun_two_ranks_trains_end_to_end(tmp_path):
     """vLLM where installed (one engine per rank; auto would pick transformers for the tiny model on
     CPU) under torchrun, gloo."""
     import importlib.util
+
     engine = ["--engine", "vllm"] if importlib.util.find_spec("vllm") else []
-    out = subprocess.run(torchrun(os.path.join(ROOT, "train.py"), *SMALL, *engine, "--iterations", "2",
-                                  "--out_dir", str(tmp_path)), env=ENV, cwd=ROOT, capture_output=True,
-                         text=True, timeout=600)
+    out = subprocess.run(
+        torchrun(
+            os.path.join(ROOT, "train.py"), *SMALL, *engine, "--iterations", "2", "--out_dir", str(tmp_path)
+        ),
+        env=ENV,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1].startswith("held-out success")
     assert len(open(tmp_path / "metrics.jsonl").readlines()) == 2
     from transformers import AutoModelForCausalLM
+
     AutoModelForCausalLM.from_pretrained(tmp_path / "model")
 
 
 def test_bad_flag_under_torchrun_is_printed_once(tmp_path):
     """Every rank checks the flags; only rank 0 says what is wrong (it used to be once per rank)."""
-    out = subprocess.run(torchrun(os.path.join(ROOT, "train.py"), "--eval_every", "0", "--out_dir",
-                                  str(tmp_path)), env=ENV, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        torchrun(os.path.join(ROOT, "train.py"), "--eval_every", "0", "--out_dir", str(tmp_path)),
+        env=ENV,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode != 0 and out.stderr.count("error: --eval_every 0") == 1, out.stderr[-2000:]
 
 
 def test_kill_then_resume_loses_nothing(tmp_path):
     args = [*SMALL, "--engine", "hf", "--iterations", "8", "--eval_every", "2", "--out_dir", str(tmp_path)]
-    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "train.py"), *args], env=ENV, cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, os.path.join(ROOT, "train.py"), *args],
+        env=ENV,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     meta = tmp_path / "ckpt" / "meta.json"
     deadline = time.time() + 300
     while time.time() < deadline and not (meta.exists() and json.load(open(meta))["iteration"] >= 4):
         time.sleep(0.2)
-    proc.send_signal(signal.SIGKILL)   # mid-run, maybe mid-write: the last good checkpoint must survive
+    proc.send_signal(signal.SIGKILL)  # mid-run, maybe mid-write: the last good checkpoint must survive
     proc.wait()
     killed_at = json.load(open(meta))["iteration"]
     assert 4 <= killed_at < 8

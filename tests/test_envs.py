@@ -10,15 +10,15 @@ from prompts.treasure import parse
 
 
 def test_treasure_moves_and_borders():
-    env = TreasureHunt(size=5, max_steps=10, progress=0.0)   # the sparse game
+    env = TreasureHunt(size=5, max_steps=10, progress=0.0)  # the sparse game
     env.reset(seed=1, options={"start": (0, 0), "treasure": (2, 1)})
-    assert env.step("up")[0].startswith("at (0, 0)")       # border: stays
+    assert env.step("up")[0].startswith("at (0, 0)")  # border: stays
     assert env.step("left")[0].startswith("at (0, 0)")
     assert env.step("down")[0].startswith("at (1, 0)")
-    assert env.step("dance")[0].startswith("at (1, 0)")    # invalid: a no-op, not a crash
-    obs, r, term, trunc, info = env.step("right")           # (1, 1)
+    assert env.step("dance")[0].startswith("at (1, 0)")  # invalid: a no-op, not a crash
+    obs, r, term, trunc, info = env.step("right")  # (1, 1)
     assert (r, term) == (0.0, False)
-    obs, r, term, trunc, info = env.step("down")            # (2, 1) = treasure
+    obs, r, term, trunc, info = env.step("down")  # (2, 1) = treasure
     assert (r, term, trunc, info["won"]) == (1.0, True, False, True)
 
 
@@ -38,8 +38,8 @@ def test_treasure_truncates_and_has_no_step_counter():
     env = TreasureHunt(size=5, max_steps=3)
     env.reset(seed=7, options={"start": (0, 0), "treasure": (4, 4)})
     seen = [env.step(a)[0] for a in ("up", "up")]
-    assert seen[0] == seen[1]                      # same state, same text: anchors recur
-    assert env.step("up")[3] is True               # truncated at max_steps
+    assert seen[0] == seen[1]  # same state, same text: anchors recur
+    assert env.step("up")[3] is True  # truncated at max_steps
 
 
 def test_reset_depends_on_seed_only():
@@ -81,7 +81,7 @@ def test_grouped_envs_identical_starts(workers):
         obs, infos = envs.reset([11, 12, 13])
         assert len(obs) == 12
         for g in range(3):
-            assert len(set(obs[g * 4:(g + 1) * 4])) == 1
+            assert len(set(obs[g * 4 : (g + 1) * 4])) == 1
         assert len({obs[0], obs[4], obs[8]}) == 3
         res = envs.step({0: "up", 5: "nonsense"})
         assert sorted(res) == [0, 5] and res[5][0] == obs[5]
@@ -99,6 +99,7 @@ class Closing(TreasureHunt):
 def test_grouped_envs_close_their_in_process_envs(monkeypatch):
     """workers=0: close() reaches every env (an ALFWorld game frees its planner library there)."""
     import envs as registry
+
     monkeypatch.setitem(registry.ENVS, "closing", ("tests.test_envs", "Closing", {}))
     envs = GroupedEnvs("closing", n_groups=2, group_size=3)
     envs.close()
@@ -110,11 +111,12 @@ class Unseeded(TreasureHunt):
 
     def reset(self, seed):
         Unseeded.count += 1
-        return super().reset(seed + Unseeded.count)   # depends on more than the seed
+        return super().reset(seed + Unseeded.count)  # depends on more than the seed
 
 
 def test_group_mismatch_fails_loudly(monkeypatch):
     import envs as registry
+
     monkeypatch.setitem(registry.ENVS, "unseeded", ("tests.test_envs", "Unseeded", {}))
     envs = GroupedEnvs("unseeded", n_groups=1, group_size=2)
     with pytest.raises(RuntimeError, match="group 0"):
@@ -132,26 +134,70 @@ def test_an_env_without_admissible_actions_builds_the_tiny_corpus_and_a_random_b
     """The tiny model's corpus and the random baseline play a random admissible action; with none
     listed they play the empty action (a no-op step) instead of crashing."""
     import sys
+
     import envs as registry
     import evaluate
     import prompts.treasure
     import tiny
     import train
+
     monkeypatch.setitem(registry.ENVS, "freetext", ("tests.test_envs", "FreeText", {}))
     monkeypatch.setitem(sys.modules, "prompts.freetext", prompts.treasure)
     text = list(tiny.corpus("freetext", episodes=2))
     assert any(t.startswith("at (") for t in text)
     cfg = train.Config(env="freetext", eval_episodes=3)
     rates = evaluate.random_policy_success(cfg, GroupedEnvs("freetext", 3, 1))
-    assert rates == {"held-out": 0.0}   # the no-op never walks onto the treasure
+    assert rates == {"held-out": 0.0}  # the no-op never walks onto the treasure
 
 
-@pytest.mark.parametrize("package, banned", [
-    ("envs", {"prompts", "tiny", "rollout", "train", "ppo", "fsdp", "evaluate", "records", "checks", "gigpo",
-              "memory", "smollm2", "bench", "torch", "transformers", "vllm", "peft"}),
-    ("prompts", {"tiny", "rollout", "train", "ppo", "fsdp", "evaluate", "records", "checks", "gigpo",
-                 "memory", "smollm2", "bench", "torch", "transformers", "vllm", "peft"}),
-])
+@pytest.mark.parametrize(
+    "package, banned",
+    [
+        (
+            "envs",
+            {
+                "prompts",
+                "tiny",
+                "rollout",
+                "train",
+                "ppo",
+                "fsdp",
+                "evaluate",
+                "records",
+                "checks",
+                "gigpo",
+                "memory",
+                "smollm2",
+                "bench",
+                "torch",
+                "transformers",
+                "vllm",
+                "peft",
+            },
+        ),
+        (
+            "prompts",
+            {
+                "tiny",
+                "rollout",
+                "train",
+                "ppo",
+                "fsdp",
+                "evaluate",
+                "records",
+                "checks",
+                "gigpo",
+                "memory",
+                "smollm2",
+                "bench",
+                "torch",
+                "transformers",
+                "vllm",
+                "peft",
+            },
+        ),
+    ],
+)
 def test_imports_run_one_way(package, banned):
     """No env imports a prompt module or anything of a model (envs/__init__.py): prompts may import
     from envs, never the reverse, and neither imports a model; every import statement counts, also
@@ -159,11 +205,17 @@ def test_imports_run_one_way(package, banned):
     import ast
     import glob
     import os
+
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     for path in sorted(glob.glob(os.path.join(root, package, "*.py"))):
         for node in ast.walk(ast.parse(open(path).read())):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom) and not node.level
+                else []
+            )
             for name in names:
                 assert name.split(".")[0] not in banned, f"{os.path.relpath(path, root)} imports {name}"
 
@@ -195,11 +247,17 @@ def test_prompt_build_contains_obs_and_history():
 
 def test_chat_prompt_explains_the_game_and_parses_chat_replies():
     p = prompt_module("treasure", chat=True)
-    text = p.build("t", "visited (0, 0)", "at (1, 3) treasure (4, 0) wall (2, 2)", list(MOVES), 0)[0]["content"]
-    for part in ("You are at row 1, column 3.",
-                 "The treasure is at row 4, column 0, that is 3 rows below you and 3 columns to your left.",
-                 "Walls: (2, 2).",
-                 "down (row + 1)", "Memory: visited (0, 0)", "Answer with one word"):
+    text = p.build("t", "visited (0, 0)", "at (1, 3) treasure (4, 0) wall (2, 2)", list(MOVES), 0)[0][
+        "content"
+    ]
+    for part in (
+        "You are at row 1, column 3.",
+        "The treasure is at row 4, column 0, that is 3 rows below you and 3 columns to your left.",
+        "Walls: (2, 2).",
+        "down (row + 1)",
+        "Memory: visited (0, 0)",
+        "Answer with one word",
+    ):
         assert part in text
     adm = list(MOVES)
     for reply, action in [("Down.", "down"), (" up\n", "up"), ("**Left**", "left"), ("'right'!", "right")]:
@@ -207,15 +265,20 @@ def test_chat_prompt_explains_the_game_and_parses_chat_replies():
     for junk in ["", None, "go down", "down, then left", "...", "x" * 100]:
         action, valid = p.parse(junk, adm)
         assert valid is False and isinstance(action, str) and len(action) <= 30
-    assert prompt_module("alfworld", chat=True).build is prompt_module("alfworld").build   # no chat variant
-    for obs, where in [("at (2, 2) treasure (2, 3)", "in your row and 1 column to your right"),
-                       ("at (4, 1) treasure (3, 1)", "1 row above you and in your column")]:
+    assert prompt_module("alfworld", chat=True).build is prompt_module("alfworld").build  # no chat variant
+    for obs, where in [
+        ("at (2, 2) treasure (2, 3)", "in your row and 1 column to your right"),
+        ("at (4, 1) treasure (3, 1)", "1 row above you and in your column"),
+    ]:
         assert f"that is {where}." in p.build("t", "", obs, adm, 0)[0]["content"]
 
 
 def test_memories():
-    steps = [("at (0, 0) treasure (2, 2)", "down"), ("at (1, 0) treasure (2, 2)", "up"),
-             ("at (0, 0) treasure (2, 2)", "right")]
+    steps = [
+        ("at (0, 0) treasure (2, 2)", "down"),
+        ("at (1, 0) treasure (2, 2)", "up"),
+        ("at (0, 0) treasure (2, 2)", "right"),
+    ]
     mems = {name: make_memory(name) for name in MEMORIES}
     for m in mems.values():
         m.reset("find the treasure")
@@ -225,12 +288,12 @@ def test_memories():
     assert mems["none"].text() == ""
     assert mems["window"].text() == "[at (1, 0) treasure (2, 2) -> up] [at (0, 0) treasure (2, 2) -> right]"
     assert mems["full"].text().count("->") == 3
-    assert mems["visited"].text() == "visited (1, 0) (0, 0) last right"      # by last visit
+    assert mems["visited"].text() == "visited (1, 0) (0, 0) last right"  # by last visit
     short = make_memory("visited", 1)
     short.reset("t")
     for obs, a in steps:
         short.add(obs, a, 0.0)
-    assert short.text() == "visited (0, 0) last right"     # the cell visited last, though first seen first
+    assert short.text() == "visited (0, 0) last right"  # the cell visited last, though first seen first
     assert make_memory("window", 1).text() == ""
     w = make_memory("window", 1)
     w.reset("t")
@@ -249,14 +312,17 @@ def test_every_env_is_a_checked_gymnasium_env(name, tmp_path):
     WebShop and Search on their generated demo sets; AppWorld against test_appworld.py's stand-in server."""
     module, cls, kwargs = ENVS[name]
     if name == "alfworld":
-        from test_alfworld import games_dir   # before alfworld is imported: it sets $ALFWORLD_DATA
+        from test_alfworld import games_dir  # before alfworld is imported: it sets $ALFWORLD_DATA
+
         kwargs = {"split": "valid_unseen", "data_dir": games_dir()}
     if name in ("webshop", "search"):
         from envs import demo
+
         kwargs = {"data_dir": getattr(demo, name)(str(tmp_path))}
     servers = contextlib.nullcontext(({}, None))
-    if name == "appworld":   # against test_appworld.py's stand-in servers (the real one: test_appworld.py)
+    if name == "appworld":  # against test_appworld.py's stand-in servers (the real one: test_appworld.py)
         from test_appworld import fake_servers
+
         servers = fake_servers(tmp_path)
     with servers as (server_kwargs, _):
         check_made_env(name, cls, {**kwargs, **server_kwargs})
@@ -265,6 +331,7 @@ def test_every_env_is_a_checked_gymnasium_env(name, tmp_path):
 def check_made_env(name, cls, kwargs):
     import gymnasium
     from gymnasium.utils.env_checker import check_env
+
     env = gymnasium.make(f"gigpo/{cls}-v0", **kwargs).unwrapped
     assert isinstance(env, gymnasium.Env)
     check_env(env, skip_render_check=True)
@@ -277,11 +344,18 @@ def test_sft_check_runs_and_fits(tiny_model, tmp_path, capsys):
     """bench.sft (the supervised ceiling check) end to end on the tiny model: the table has a row per
     eval, and 60 steps teach it to answer with a move and lower the loss."""
     from bench import sft
+
     model, tok = tiny_model
     model.save_pretrained(tmp_path)
     tok.save_pretrained(tmp_path)
-    sft.main(["--model", str(tmp_path), "--lr", "1e-2", "--steps", "60", "--eval_every", "20", "--batch", "16"])
-    rows = [line.split("|")[1:-1] for line in capsys.readouterr().out.splitlines() if line.startswith("| 0.01 |")]
+    sft.main(
+        ["--model", str(tmp_path), "--lr", "1e-2", "--steps", "60", "--eval_every", "20", "--batch", "16"]
+    )
+    rows = [
+        line.split("|")[1:-1] for line in capsys.readouterr().out.splitlines() if line.startswith("| 0.01 |")
+    ]
     assert [int(r[1]) for r in rows] == [0, 20, 40, 60]
-    assert float(rows[-1][5]) == 0.0 and float(rows[-1][2]) < float(rows[1][2])   # no invalid first token; loss falls
+    assert float(rows[-1][5]) == 0.0 and float(rows[-1][2]) < float(
+        rows[1][2]
+    )  # no invalid first token; loss falls
     assert all(0 <= float(r[k]) <= 1 for r in rows for k in (3, 4, 5))

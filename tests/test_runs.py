@@ -2,6 +2,7 @@
 disk, Ctrl-C, a resume with other flags; and bench.sweep's own input. Each ends in one line and
 keeps what the out_dir held; train.main runs in-process where it can, in a subprocess where the
 test needs a second process or a signal."""
+
 import errno
 import json
 import os
@@ -18,8 +19,24 @@ import records
 import train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ARGS = ["--n_groups", "2", "--group_size", "2", "--eval_episodes", "2", "--engine", "hf", "--eval_every", "1",
-        "--mini_batch", "8", "--threads", "1", "--metrics", "all"]   # all: the lr test reads "lr"
+ARGS = [
+    "--n_groups",
+    "2",
+    "--group_size",
+    "2",
+    "--eval_episodes",
+    "2",
+    "--engine",
+    "hf",
+    "--eval_every",
+    "1",
+    "--mini_batch",
+    "8",
+    "--threads",
+    "1",
+    "--metrics",
+    "all",
+]  # all: the lr test reads "lr"
 
 
 @pytest.fixture(scope="module")
@@ -45,8 +62,11 @@ def saved_at(out):
 
 
 def snapshot(out):
-    return {p.relative_to(out): p.read_bytes() for p in sorted(out.rglob("*"))
-            if p.is_file() and p.name != ".lock"}
+    return {
+        p.relative_to(out): p.read_bytes()
+        for p in sorted(out.rglob("*"))
+        if p.is_file() and p.name != ".lock"
+    }
 
 
 def one_line_error(excinfo, *words):
@@ -58,8 +78,13 @@ def one_line_error(excinfo, *words):
 
 def background_run(out, *extra):
     """train.py in its own process, long enough to be stopped by the test, checkpointing every iteration."""
-    return subprocess.Popen([sys.executable, "train.py", *ARGS, "--iterations", "1000", "--out_dir", str(out),
-                             *extra], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "train.py", *ARGS, "--iterations", "1000", "--out_dir", str(out), *extra],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def wait_for_checkpoint(out, proc, timeout=300):
@@ -87,8 +112,9 @@ def test_a_second_run_in_one_out_dir_is_refused_and_a_dead_runs_lock_is_not(tmp_
     assert iterations(out) == list(range(1, k + 2))
 
 
-@pytest.mark.parametrize("flags", [["--algo", "grpo"], ["--seed", "3"],
-                                   ["--eval_only", "1", "--model", "MODEL"]])
+@pytest.mark.parametrize(
+    "flags", [["--algo", "grpo"], ["--seed", "3"], ["--eval_only", "1", "--model", "MODEL"]]
+)
 def test_a_fresh_run_never_writes_over_a_run(run, flags):
     """`python train.py` then `python train.py --algo grpo` kept only the second run's metrics,
     episodes, eval, checkpoint and model; --eval_only replaced the run's eval.json. Refused in one
@@ -120,7 +146,7 @@ def test_a_truncated_last_line_of_the_checkpoints_iteration_is_restored(run):
     """A metrics line cut short that is the checkpoint's own iteration was dropped and never redone
     (a gap 1 -> 3); the checkpoint holds its iteration's line, and resume puts it back."""
     lines = (run / "metrics.jsonl").read_text().splitlines(keepends=True)
-    (run / "metrics.jsonl").write_text(lines[0] + lines[1][:len(lines[1]) // 2])
+    (run / "metrics.jsonl").write_text(lines[0] + lines[1][: len(lines[1]) // 2])
     train.main([*ARGS, "--iterations", "3", "--out_dir", str(run), "--resume", "1"])
     assert iterations(run) == [1, 2, 3]
     assert (run / "metrics.jsonl").read_text().splitlines(keepends=True)[1] == lines[1]
@@ -152,7 +178,7 @@ class HalfWrite:
         self.f = f
 
     def write(self, data):
-        self.f.write(data[:len(data) // 2])
+        self.f.write(data[: len(data) // 2])
         self.f.flush()
         no_space()
 
@@ -172,6 +198,7 @@ def test_the_episodes_log_never_keeps_half_a_line_on_a_full_disk(run, monkeypatc
     def full_open(path, mode="r", *a, **k):
         f = real_open(path, mode, *a, **k)
         return HalfWrite(f) if str(path).endswith("episodes.jsonl") and mode[0] == "a" else f
+
     monkeypatch.setattr(records, "open", full_open, raising=False)
     with pytest.raises(SystemExit) as e:
         train.main([*ARGS, "--iterations", "3", "--out_dir", str(run), "--resume", "1"])
@@ -183,8 +210,14 @@ def test_the_episodes_log_never_keeps_half_a_line_on_a_full_disk(run, monkeypatc
 def tmpfs_works():
     probe = "mkdir -p /tmp/gigpo-probe && mount -t tmpfs -o size=64k tmpfs /tmp/gigpo-probe"
     try:
-        return subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", probe],
-                              capture_output=True, timeout=30).returncode == 0
+        return (
+            subprocess.run(
+                ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", probe],
+                capture_output=True,
+                timeout=30,
+            ).returncode
+            == 0
+        )
     except (OSError, subprocess.TimeoutExpired):
         return False
 
@@ -196,10 +229,29 @@ def test_a_real_full_disk_mid_save_is_one_line(tmp_path):
     disk = tmp_path / "disk"
     disk.mkdir()
     script = 'mount -t tmpfs -o size=3500k tmpfs "$0" && exec "$@"'
-    r = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script, str(disk),
-                        sys.executable, "train.py", *ARGS, "--iterations", "3",
-                        "--out_dir", str(disk / "run")],
-                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            "unshare",
+            "--user",
+            "--map-root-user",
+            "--mount",
+            "sh",
+            "-c",
+            script,
+            str(disk),
+            sys.executable,
+            "train.py",
+            *ARGS,
+            "--iterations",
+            "3",
+            "--out_dir",
+            str(disk / "run"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     last = r.stderr.strip().splitlines()[-1]
     assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
     assert last.startswith("error: iteration 2") and "no space left on device" in last, last
@@ -223,12 +275,20 @@ def test_resume_with_more_iterations_says_the_lr_schedule_stretches(run, capsys)
     in one line at start."""
     train.main([*ARGS, "--iterations", "4", "--out_dir", str(run), "--resume", "1"])
     lrs = [json.loads(line)["lr"] for line in open(run / "metrics.jsonl")]
-    assert lrs[2] > 2 * lrs[1]    # logged after each step: the lr of the next iteration
+    assert lrs[2] > 2 * lrs[1]  # logged after each step: the lr of the next iteration
     assert "note: --iterations 2 -> 4 stretches the cosine lr schedule" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("flags", [["--log_groups", "0"], ["--engine", "auto"], ["--kv_cache_mb", "64"],
-                                   ["--compile", "0"], ["--env_args", "size=5"]])
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--log_groups", "0"],
+        ["--engine", "auto"],
+        ["--kv_cache_mb", "64"],
+        ["--compile", "0"],
+        ["--env_args", "size=5"],
+    ],
+)
 def test_resume_accepts_flags_that_leave_training_as_it_was(run, flags):
     args = [a for a in ARGS if a not in ("--engine", "hf")] if "--engine" in flags else ARGS
     train.main([*args, "--iterations", "3", "--out_dir", str(run), "--resume", "1", *flags])
@@ -237,27 +297,37 @@ def test_resume_accepts_flags_that_leave_training_as_it_was(run, flags):
 
 def test_resume_still_refuses_env_args_that_change_the_env(run):
     with pytest.raises(SystemExit) as e:
-        train.main([*ARGS, "--iterations", "3", "--out_dir", str(run), "--resume", "1",
-                    "--env_args", "size=6"])
+        train.main(
+            [*ARGS, "--iterations", "3", "--out_dir", str(run), "--resume", "1", "--env_args", "size=6"]
+        )
     one_line_error(e, "--env_args", "another config")
 
 
 # ---- bench.sweep ----
 def sweep(*args, timeout=300):
-    return subprocess.run([sys.executable, "-m", "bench.sweep", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "bench.sweep", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
-@pytest.mark.parametrize("runs, words", [
-    (["a=", "a=--algo grpo"], "--run a"),                      # overwrote the first config's run dirs
-    (["a=--seed 3"], "--seed"),                                # every "seed" was the same run
-    (["a=--out_dir x"], "--out_dir"),                          # every seed in one out_dir
-    (["a=--algo 'grpo"], "--run a"),                           # unbalanced quote: a traceback
-    (["a/b=--algo grpo"], "--run a/b"),                        # '/' in a name: a traceback
-])
+@pytest.mark.parametrize(
+    "runs, words",
+    [
+        (["a=", "a=--algo grpo"], "--run a"),  # overwrote the first config's run dirs
+        (["a=--seed 3"], "--seed"),  # every "seed" was the same run
+        (["a=--out_dir x"], "--out_dir"),  # every seed in one out_dir
+        (["a=--algo 'grpo"], "--run a"),  # unbalanced quote: a traceback
+        (["a/b=--algo grpo"], "--run a/b"),  # '/' in a name: a traceback
+    ],
+)
 def test_sweep_bad_runs_are_one_line_before_any_run(tmp_path, runs, words):
-    r = sweep("--out", str(tmp_path / "sweep"), "--seeds", "0", "1",
-              *[x for run in runs for x in ("--run", run)])
+    r = sweep(
+        "--out", str(tmp_path / "sweep"), "--seeds", "0", "1", *[x for run in runs for x in ("--run", run)]
+    )
     lines = r.stderr.strip().splitlines()
     assert r.returncode != 0 and len(lines) == 1, r.stderr
     assert lines[0].startswith("error: ") and words in lines[0], r.stderr
@@ -266,8 +336,19 @@ def test_sweep_bad_runs_are_one_line_before_any_run(tmp_path, runs, words):
 
 def test_sweep_of_failed_runs_exits_nonzero_without_a_p_value(tmp_path):
     """Runs that fail (here a bad flag) gave rows of NaN, a p-value computed from them and exit 0."""
-    r = sweep("--out", str(tmp_path / "sweep"), "--seeds", "0", "1", "--parallel", "2", "--run", "a=--lr -1",
-              "--run", "b=--lr -2")
+    r = sweep(
+        "--out",
+        str(tmp_path / "sweep"),
+        "--seeds",
+        "0",
+        "1",
+        "--parallel",
+        "2",
+        "--run",
+        "a=--lr -1",
+        "--run",
+        "b=--lr -2",
+    )
     assert r.returncode != 0, r.stdout
     assert "p = " not in r.stdout, r.stdout
     last = r.stderr.strip().splitlines()[-1]

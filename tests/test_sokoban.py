@@ -12,13 +12,13 @@ from prompts import prompt_module
 
 def test_generation_depends_on_the_seed_alone():
     a, b = Sokoban(), Sokoban()
-    b.reset(99)   # another room and some moves in between change nothing
+    b.reset(99)  # another room and some moves in between change nothing
     b.step("up")
     generate.cache_clear()
     for seed in range(50):
         assert a.reset(seed) == b.reset(seed=seed)
     assert len({Sokoban().reset(s)[0] for s in range(50)}) > 40
-    envs = GroupedEnvs("sokoban", 3, 4)   # the grouped env's identical-start check passes
+    envs = GroupedEnvs("sokoban", 3, 4)  # the grouped env's identical-start check passes
     obs, infos = envs.reset([1, 2, 3])
     assert obs[0] == obs[3] != obs[4] and infos[0]["anchor"] == obs[0].split("\n# wall")[0]
 
@@ -34,7 +34,7 @@ def test_every_room_is_solvable(kw):
         best = env.shortest_solution()
         assert best is not None and best >= 1, seed
         lengths.append(best)
-    if not kw:   # the default room: every one solvable within the 15 steps
+    if not kw:  # the default room: every one solvable within the 15 steps
         assert max(lengths) <= 15
 
 
@@ -52,17 +52,17 @@ def test_rewards_on_scripted_moves():
     env.reset(0)
     set_room(env, "###### #PX_O# #____# #_X_O# ######")
     assert env.grid().split("\n")[1] == "# P X _ O #"
-    assert env.step("up")[1:4] == (-0.1, False, False) and env.player == (1, 1)   # into the wall: stays
-    assert env.step("fly")[1] == -0.1                                             # invalid: a no-op step
-    assert env.step("right")[1] == -0.1 and (1, 3) in env.boxes                   # a push, not onto a target
-    obs, r, term, trunc, info = env.step("right")                                 # box onto a target
-    assert (r, term, info["won"]) == (0.9, False, False) and "√" in obs           # one box still off
-    assert env.step("left")[1] == -0.1                                            # walking off: no box moves
+    assert env.step("up")[1:4] == (-0.1, False, False) and env.player == (1, 1)  # into the wall: stays
+    assert env.step("fly")[1] == -0.1  # invalid: a no-op step
+    assert env.step("right")[1] == -0.1 and (1, 3) in env.boxes  # a push, not onto a target
+    obs, r, term, trunc, info = env.step("right")  # box onto a target
+    assert (r, term, info["won"]) == (0.9, False, False) and "√" in obs  # one box still off
+    assert env.step("left")[1] == -0.1  # walking off: no box moves
     set_room(env, "###### #P√__# #____# ######")
-    assert env.step("right")[1] == -1.1                                           # box off a target
+    assert env.step("right")[1] == -1.1  # box off a target
     set_room(env, "###### #PX_O# #____# ######")
     env.step("right")
-    obs, r, term, trunc, info = env.step("right")                                 # the last box on: solved
+    obs, r, term, trunc, info = env.step("right")  # the last box on: solved
     assert (r, term, trunc, info["won"]) == (10.9, True, False, True)
 
 
@@ -109,7 +109,7 @@ def test_prompts_and_memory():
         mem.add(obs, a, 0)
         obs = env.step(a)[0]
     assert mem.text().count("P ") == 2 and mem.text().endswith("up") and "O" not in mem.text()
-    treasure = make_memory("boxes")   # another env's observations: just the moves, no crash
+    treasure = make_memory("boxes")  # another env's observations: just the moves, no crash
     treasure.reset("t")
     treasure.add("at (1, 3) treasure (4, 0)", "up", 0)
     assert treasure.text() == "up"
@@ -118,6 +118,7 @@ def test_prompts_and_memory():
 @pytest.mark.parametrize("env_args", ["boxes=0", "rows=4,cols=4", "rows=5,cols=5,boxes=8", "boxes=one"])
 def test_bad_env_args_are_one_line(env_args, tmp_path):
     import train
+
     cfg = train.parse_args(["--env", "sokoban", "--env_args", env_args, "--out_dir", str(tmp_path / "out")])
     with pytest.raises(SystemExit) as e:
         train.check_config(cfg)

@@ -3,6 +3,7 @@
 vLLM allows one live engine per process here, so the module shares one (on its own model, which
 the tests train); bad input is checked through train.py in a subprocess, as a user meets it.
 """
+
 import json
 import os
 import random
@@ -15,14 +16,14 @@ import torch
 
 pytest.importorskip("vllm", reason="vllm is not installed (bash install.sh)")
 
-from envs import GroupedEnvs                                                       # noqa: E402
-from memory import make_memory                                                     # noqa: E402
-from prompts import prompt_module                                                  # noqa: E402
-from engine import HFEngine, VLLMEngine                                          # noqa: E402
-from rollout import render_prompts, rollout                                       # noqa: E402
-from tiny import build_tiny                                                        # noqa: E402
-from ppo import logprobs                                                           # noqa: E402
-from train import Config                                                           # noqa: E402
+from engine import HFEngine, VLLMEngine  # noqa: E402
+from envs import GroupedEnvs  # noqa: E402
+from memory import make_memory  # noqa: E402
+from ppo import logprobs  # noqa: E402
+from prompts import prompt_module  # noqa: E402
+from rollout import render_prompts, rollout  # noqa: E402
+from tiny import build_tiny  # noqa: E402
+from train import Config  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -35,7 +36,7 @@ def setup():
     rng = torch.get_rng_state()
     engine = VLLMEngine(model, tok.eos_token_id, kv_cache_mb=64, gpu_memory_utilization=0.3)
     assert torch.equal(torch.get_rng_state(), rng) and torch.get_num_threads() == 1
-    torch.set_num_threads(2)   # vLLM would have made this a no-op
+    torch.set_num_threads(2)  # vLLM would have made this a no-op
     assert torch.get_num_threads() == 2
     return model.eval(), tok, engine
 
@@ -62,7 +63,7 @@ def train_steps(model, tok, steps=3):
 def test_greedy_equals_transformers_before_and_after_two_pushes(setup):
     model, tok, engine = setup
     prompts = treasure_prompts(tok)
-    prompts[1] = prompts[1][2:]                      # unequal lengths
+    prompts[1] = prompts[1][2:]  # unequal lengths
     seen = []
     for push in range(3):
         if push:
@@ -77,7 +78,7 @@ def test_greedy_equals_transformers_before_and_after_two_pushes(setup):
         gap = max(abs(a - b) for (_, la), (_, lb) in zip(ours, ref) for a, b in zip(la, lb))
         assert gap < 1e-4, f"after push {push}: greedy log-probs differ by {gap}"
         seen.append(ours)
-    assert seen[0] != seen[1] != seen[2]             # the pushes changed what vLLM computes
+    assert seen[0] != seen[1] != seen[2]  # the pushes changed what vLLM computes
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
@@ -85,11 +86,26 @@ def test_sampled_logprobs_match_training_recompute(setup, temperature):
     """Tolerance 1e-4 (mean |delta| per token; float32 on both sides, measured ~1e-6)."""
     model, tok, engine = setup
     envs = GroupedEnvs("treasure", 4, 4)
-    mems = [make_memory("window") for _ in range(envs.n)]      # prompts of several lengths
-    samples, _, _ = rollout(envs, engine, tok, prompt_module("treasure"), mems, [1, 2, 3, 4],
-                            temperature=temperature, top_p=1.0, max_tokens=3)
-    train_logp = logprobs(model, samples, cfg=Config(temperature=temperature), device=torch.device("cpu"),
-                          pad_id=tok.pad_token_id, packed=False)
+    mems = [make_memory("window") for _ in range(envs.n)]  # prompts of several lengths
+    samples, _, _ = rollout(
+        envs,
+        engine,
+        tok,
+        prompt_module("treasure"),
+        mems,
+        [1, 2, 3, 4],
+        temperature=temperature,
+        top_p=1.0,
+        max_tokens=3,
+    )
+    train_logp = logprobs(
+        model,
+        samples,
+        cfg=Config(temperature=temperature),
+        device=torch.device("cpu"),
+        pad_id=tok.pad_token_id,
+        packed=False,
+    )
     gap = torch.cat([(t - torch.tensor(s.logprobs)).abs() for t, s in zip(train_logp, samples)]).mean()
     assert [len(t) for t in train_logp] == [len(s.response_ids) for s in samples]
     assert gap < 1e-4, f"mean |logp_rollout - logp_train| = {gap}"
@@ -103,8 +119,9 @@ def test_token_ids_in_and_out_never_retokenised(setup):
     prompts = [[rng.randrange(len(tok)) for _ in range(rng.randint(1, 12))] for _ in range(32)]
     prompts[0] = [tok.pad_token_id, tok.eos_token_id, tok.unk_token_id, tok.pad_token_id]
     ours = engine.generate(prompts, temperature=0, max_tokens=8)
-    assert [ids for ids, _ in ours] == [ids for ids, _ in HFEngine(model, tok).generate(
-        prompts, temperature=0, max_tokens=8)]
+    assert [ids for ids, _ in ours] == [
+        ids for ids, _ in HFEngine(model, tok).generate(prompts, temperature=0, max_tokens=8)
+    ]
     assert all(len(ids) == 8 or ids[-1] == tok.eos_token_id for ids, _ in ours)
     assert all(len(lps) == len(ids) for ids, lps in ours)
 
@@ -122,7 +139,10 @@ def test_logp_every_asks_for_one_prompt_in_n(setup):
     ref = HFEngine(model, tok).generate(prompts, temperature=0, max_tokens=4)
     assert [i for i, (_, lps) in enumerate(ours) if lps is not None] == list(range(0, len(prompts), 4))
     assert [ids for ids, _ in ours] == [ids for ids, _ in ref]
-    assert max(abs(a - b) for (_, la), (_, lb) in zip(ours, ref) if la is not None for a, b in zip(la, lb)) < 1e-4
+    assert (
+        max(abs(a - b) for (_, la), (_, lb) in zip(ours, ref) if la is not None for a, b in zip(la, lb))
+        < 1e-4
+    )
 
 
 def test_submit_and_poll_stream_the_generate_results(setup):
@@ -136,7 +156,7 @@ def test_submit_and_poll_stream_the_generate_results(setup):
     try:
         for k in range(10):
             engine.submit(k, prompts[k], temperature=0, max_tokens=4)
-        while engine.pending:   # two more join the running batch after each poll
+        while engine.pending:  # two more join the running batch after each poll
             polls += 1
             got |= {k: (ids, lps) for k, ids, lps in engine.poll()}
             for k in range(8 + 2 * polls, min(10 + 2 * polls, n)):
@@ -154,10 +174,26 @@ def run_train(*flags, auto_hf_below=None):
     """train.py for one small iteration; auto_hf_below: engine.AUTO_HF_ON_CPU for this run (0: auto
     tries vLLM for the tiny model too)."""
     patch = "" if auto_hf_below is None else f"engine.AUTO_HF_ON_CPU = {auto_hf_below}; "
-    return subprocess.run([sys.executable, "-c", f"import sys, engine, train; {patch}train.main(sys.argv[1:])",
-                           "--iterations", "1", "--n_groups", "2", "--eval_episodes", "4",
-                           "--out_dir", tempfile.mkdtemp(prefix="gigpo-vllm-"), *flags],   # one dir per run
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"import sys, engine, train; {patch}train.main(sys.argv[1:])",
+            "--iterations",
+            "1",
+            "--n_groups",
+            "2",
+            "--eval_episodes",
+            "4",
+            "--out_dir",
+            tempfile.mkdtemp(prefix="gigpo-vllm-"),
+            *flags,
+        ],  # one dir per run
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def tiny_dir(path, **shape):
@@ -194,4 +230,4 @@ def test_train_with_vllm_logp_every_and_tis(tmp_path):
         r = run_train("--engine", "vllm", "--out_dir", str(tmp_path / str(len(flags))), *flags)
         assert r.returncode == 0, r.stderr[-2000:]
         m = json.loads((tmp_path / str(len(flags)) / "metrics.jsonl").read_text().splitlines()[-1])
-        assert 0 < m["logp_gap"] < 1e-4 and ("tis_weight" in m) == bool(flags)   # 0: no log-probs came
+        assert 0 < m["logp_gap"] < 1e-4 and ("tis_weight" in m) == bool(flags)  # 0: no log-probs came
