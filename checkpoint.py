@@ -85,7 +85,8 @@ def claim_out_dir(cfg):
             + (
                 "give --eval_only a new --out_dir (its eval.json would replace the run's)"
                 if cfg.eval_only
-                else f"--resume 1 continues it; a new run needs a new --out_dir (or delete {cfg.out_dir} first)"
+                else "--resume 1 continues it; a new run needs a new --out_dir "
+                f"(or delete {cfg.out_dir} first)"
             )
         )
     return None

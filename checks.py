@@ -79,7 +79,8 @@ def check_config(cfg):
         )
     if not cfg.tied_step and cfg.algo != "gigpo":
         bad(
-            f"--tied_step 0 removes part of GiGPO's step advantage; --algo {cfg.algo} has none: use --algo gigpo"
+            "--tied_step 0 removes part of GiGPO's step advantage; "
+            f"--algo {cfg.algo} has none: use --algo gigpo"
         )
     if cfg.n_groups < 1 or cfg.iterations < 1 or cfg.max_response_tokens < 1:
         bad("--n_groups, --iterations and --max_response_tokens must be >= 1")

@@ -232,7 +232,8 @@ class VLLMEngine(Engine):
             if compile
             else {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}
         )
-        try:  # no second try after a failure on GPU: vLLM's sleep-mode allocator serves one engine per process
+        # no second try after a failure on GPU: vLLM's sleep-mode allocator serves one engine per process
+        try:
             self.llm = (
                 LLM(folder, enforce_eager=True, **kw) if cpu else LLM(folder, compilation_config=graphs, **kw)
             )
@@ -374,7 +375,8 @@ def make_engine(
     """--engine hf | vllm | auto. auto: the transformers engine for a model under AUTO_HF_ON_CPU
     parameters on CPU (the tiny default); otherwise vLLM where it imports and serves this model, else
     the transformers engine with a one-line warning that says why; vllm: the same failure is an error.
-    copy_dtype: see HFEngine (vLLM always holds its own copy); compile (GPU only), logp_every: VLLMEngine's."""
+    copy_dtype: see HFEngine (vLLM always holds its own copy); compile (GPU only), logp_every:
+    VLLMEngine's."""
     small_on_cpu = (
         next(model.parameters()).device.type == "cpu"
         and sum(p.numel() for p in model.parameters()) < AUTO_HF_ON_CPU
@@ -399,8 +401,8 @@ def make_engine(
             )
         elif "memory" in why.lower():
             why = (
-                f"KV cache too small: {why}; raise --kv_cache_mb (CPU, or GPU with --gpu_memory_utilization 0) "
-                f"or --gpu_memory_utilization (GPU)"
+                f"KV cache too small: {why}; raise --kv_cache_mb "
+                "(CPU, or GPU with --gpu_memory_utilization 0) or --gpu_memory_utilization (GPU)"
             )
         if isinstance(e, ImportError):
             why = f"vllm is not importable ({why})"

@@ -125,7 +125,8 @@ def evaluate(tok, cfg, envs, prompt, engine, on_samples=None, iteration=None):
             )
             invalid = sum(e["invalid"] for e in episodes) / max(1, sum(e["length"] for e in episodes))
             tqdm.write(
-                f"eval {name}: success {rates[name]:.3f} over {len(episodes) - games[name].count(None)} games, "
+                f"eval {name}: success {rates[name]:.3f} "
+                f"over {len(episodes) - games[name].count(None)} games, "
                 f"invalid actions {invalid:.3f} of steps | {per_type}"
             )
         os.makedirs(cfg.out_dir, exist_ok=True)

@@ -100,7 +100,10 @@ body { font: 13px sans-serif; margin: 16px; }
 .episode h4 { margin: 2px 0; font-size: 12px; }
 .step { padding: 2px 4px; margin: 1px 0; border-radius: 3px; cursor: pointer; white-space: nowrap; }
 .step.hl { outline: 3px solid #1f4fd8; }
-#detail { white-space: pre-wrap; background: #f6f6f6; padding: 8px; font-family: monospace; max-height: 260px; overflow: auto; }
+#detail {
+  white-space: pre-wrap; background: #f6f6f6; padding: 8px; font-family: monospace;
+  max-height: 260px; overflow: auto;
+}
 </style></head><body>
 <h2>gigpo run: __TITLE__</h2>
 <img src="data:image/png;base64,__PNG__" alt="curves" style="max-width: 100%">
@@ -113,7 +116,9 @@ Click a step: its anchor group (same state, same episode group) is outlined and 
 <script>
 const EPISODES = __DATA__;
 window.errors = [];
-window.onerror = (m) => { window.errors.push(String(m)); document.body.dataset.errors = window.errors.length; };
+window.onerror = (m) => {
+  window.errors.push(String(m)); document.body.dataset.errors = window.errors.length;
+};
 function colour(a) {
   if (a === undefined || a === null) return "#e4e4e4";
   const t = Math.min(1, Math.abs(a) / 1.0), c = Math.round(255 - 150 * t);
@@ -141,10 +146,16 @@ function show(key) {
           (s.adv !== undefined ? ` A=${s.adv.toFixed(2)}` : "");
         d.onclick = () => {
           document.querySelectorAll(".step.hl").forEach(x => x.classList.remove("hl"));
-          document.querySelectorAll(".step").forEach(x => { if (x.dataset.anchor === d.dataset.anchor) x.classList.add("hl"); });
-          const parts = s.adv !== undefined ? `\nA^E ${s.adv_episode.toFixed(3)}  A^S ${s.adv_step.toFixed(3)}  ` +
-            `A ${s.adv.toFixed(3)}  step return ${s.step_return.toFixed(3)}  step group size ${s.step_group_size}` : "";
-          document.getElementById("detail").textContent = `anchor: ${s.anchor}${parts}\nvalid: ${s.valid}\n\n` +
+          document.querySelectorAll(".step").forEach(x => {
+            if (x.dataset.anchor === d.dataset.anchor) x.classList.add("hl");
+          });
+          const parts = s.adv !== undefined
+            ? `\nA^E ${s.adv_episode.toFixed(3)}  A^S ${s.adv_step.toFixed(3)}  ` +
+              `A ${s.adv.toFixed(3)}  step return ${s.step_return.toFixed(3)}  ` +
+              `step group size ${s.step_group_size}`
+            : "";
+          document.getElementById("detail").textContent =
+            `anchor: ${s.anchor}${parts}\nvalid: ${s.valid}\n\n` +
             `PROMPT\n${s.prompt}\n\nRESPONSE\n${s.response}`;
         };
         col.appendChild(d);
@@ -158,10 +169,15 @@ function show(key) {
 }
 const keys = [...new Set(EPISODES.map(e => e.iteration + "|" + e.split))];
 const pick = document.getElementById("pick");
-for (const k of keys) { const o = document.createElement("option"); o.value = k; o.textContent = k.replace("|", " / "); pick.appendChild(o); }
+for (const k of keys) {
+  const o = document.createElement("option"); o.value = k; o.textContent = k.replace("|", " / ");
+  pick.appendChild(o);
+}
 pick.onchange = () => show(pick.value);
 const train = keys.filter(k => k.endsWith("|train"));   // start on the newest training iteration
-if (keys.length) { pick.value = (train.length ? train : keys)[(train.length ? train : keys).length - 1]; show(pick.value); }
+if (keys.length) {
+  pick.value = (train.length ? train : keys)[(train.length ? train : keys).length - 1]; show(pick.value);
+}
 else { document.body.dataset.shown = 0; }
 document.body.dataset.ready = "1";
 </script></body></html>

@@ -337,7 +337,8 @@ def main(argv=None):
         eval_envs and eval_envs.close()
         print(f"done in {time.perf_counter() - t_run:.0f}s; model saved to {cfg.out_dir}/model")
         print(
-            f"held-out success {success_text(eval_rates)} ({eval_what(cfg)}; random policy {success_text(baseline)})"
+            f"held-out success {success_text(eval_rates)} "
+            f"({eval_what(cfg)}; random policy {success_text(baseline)})"
         )
     finish_dist(engine)
     return headline(eval_rates) if rank == 0 else None

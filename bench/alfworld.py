@@ -87,7 +87,8 @@ def main():
         import envs.alfworld as alf
 
         print(
-            "| envs.alfworld's speed-ups (in-process, 4 x 4 envs) | resets/s (16 envs) | steps/s (16 envs) |\n"
+            "| envs.alfworld's speed-ups (in-process, 4 x 4 envs) | resets/s (16 envs) "
+            "| steps/s (16 envs) |\n"
             "|---|---|---|"
         )
         names = list(alf.SPEEDUPS)

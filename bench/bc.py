@@ -18,7 +18,8 @@ with that module's own parser. One pass writes a file per prompt ("{prompt}" in 
 games are the slow part, not the prompts. The trainer scores the reply tokens (+ EOS, as rollouts
 sample it) after the chat-template prompt that rollout.render_prompts makes, with ppo.make_batch and
 ppo.response_logprobs, the update's own code path (packed rows and bf16 weights on GPU, fp32 on
-CPU); AdamW, linear decay; every 20th game is held out for a validation loss. The output is an HF folder train.py loads.
+CPU); AdamW, linear decay; every 20th game is held out for a validation loss. The output is an HF
+folder train.py loads.
 The expert plans on the full game state (it knows where hidden objects are), so a clone learns
 likely places, not the truth: a start for RL, not a ceiling.
 """

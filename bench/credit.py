@@ -159,7 +159,8 @@ def main(argv=None):
     ]
     print(
         f"training episodes of iterations {args.iterations[0]}-{args.iterations[1]}; A^S recomputed "
-        f"(norm {args.norm}, omega {args.omega}); GRPO's A = A^E, GiGPO's A = A^E + A^S, on the same samples\n"
+        f"(norm {args.norm}, omega {args.omega}); GRPO's A = A^E, GiGPO's A = A^E + A^S, "
+        "on the same samples\n"
     )
     print(
         "| runs | samples | in a singleton step group | singleton step groups | mean step-group size "
@@ -169,8 +170,8 @@ def main(argv=None):
     for r in results:
         print(
             f"| {r['name']} | {r['samples']} | {r['singleton_samples']:.3f} | {r['singleton_groups']:.3f} | "
-            f"{r['mean_group_size']:.1f} | {r['sign_disagree']:.3f} | {r['step_only']:.3f} | {r['flips']:.3f} | "
-            f"{r['cosine']:.3f} |"
+            f"{r['mean_group_size']:.1f} | {r['sign_disagree']:.3f} | {r['step_only']:.3f} | "
+            f"{r['flips']:.3f} | {r['cosine']:.3f} |"
         )
     print(
         "\nmost common anchor: "
@@ -194,8 +195,8 @@ def main(argv=None):
         )
     if any("grpo_sep_all" in r for r in results):
         print(
-            "\n| runs | advantage | key pickup, won | key pickup, lost | towards - other, won | towards - other, "
-            "lost | towards - other, all |\n|---|---|---|---|---|---|---|"
+            "\n| runs | advantage | key pickup, won | key pickup, lost | towards - other, won "
+            "| towards - other, lost | towards - other, all |\n|---|---|---|---|---|---|---|"
         )
         for r in results:
             for algo in ("grpo", "gigpo"):

@@ -1,8 +1,8 @@
 """Iterations of train.py, timed by phase, with a random-weight model of a Qwen2.5 shape.
 
-    python -m bench.iteration --shape 1.5b --peak_tflops 790          # ALFWorld, the paper's settings, one GPU
+    python -m bench.iteration --shape 1.5b --peak_tflops 790         # ALFWorld, the paper's settings, one GPU
     python -m bench.iteration --shape tiny --engine hf --n_groups 2 --group_size 2 --env_workers 0 \\
-        --env_args max_steps=3 --max_response_tokens 16                 # CPU smoke test
+        --env_args max_steps=3 --max_response_tokens 16                # CPU smoke test
 
 Every flag it does not know goes to train.py, after `--env alfworld` and its preset (train.PRESETS:
 16 groups x 8 envs, up to 50 steps, 512 response tokens, window memory, KL and entropy terms, 8 env
@@ -225,8 +225,8 @@ def main():
         mfu = f"{x['mfu']:.1%}" if x.get("mfu") is not None else "-"
         print(
             f"| {x['iteration']} | " + " | ".join(f"{x[k]:.1f}" for k in PHASES) + f" | {x['samples']:.0f} | "
-            f"{x['prompt_tokens']:.0f} / {x['response_tokens']:.0f} | {x['update_tokens_per_s']:,.0f} | {mfu} | "
-            f"{x['time_logprobs']:.1f} / {x['time_update'] - x['time_logprobs']:.1f} |"
+            f"{x['prompt_tokens']:.0f} / {x['response_tokens']:.0f} | {x['update_tokens_per_s']:,.0f} | "
+            f"{mfu} | {x['time_logprobs']:.1f} / {x['time_update'] - x['time_logprobs']:.1f} |"
         )
     phases = {k[5:]: m[k] for k in PHASES[:-1]}
     top = max(phases, key=phases.get)

@@ -146,7 +146,8 @@ def main():
         model, tok = smollm2(args.gguf_dir)
         model = model.to("cuda", torch.bfloat16)
         print(
-            "| model, batch | engine | step samples / rollout | s / rollout | step samples/s | generated tokens/s |"
+            "| model, batch | engine | step samples / rollout | s / rollout | step samples/s "
+            "| generated tokens/s |"
         )
         print("|---|---|---|---|---|---|")
         kw = dict(compile=bool(args.compile))
@@ -173,7 +174,8 @@ def main():
     model, tok = build_tiny("treasure", seed=0)
     print(f"{torch.get_num_threads()} torch threads, {os.cpu_count()} CPUs; mean of one rollout per round\n")
     print(
-        "| model, batch | engine | step samples / rollout | s / rollout | step samples/s | generated tokens/s |"
+        "| model, batch | engine | step samples / rollout | s / rollout | step samples/s "
+        "| generated tokens/s |"
     )
     print("|---|---|---|---|---|---|")
     print(

@@ -104,8 +104,8 @@ def main(argv=None):
     train_idx, test_idx = order[: 2 * len(order) // 3], order[2 * len(order) // 3 :]
     targets = [torch.tensor([tid[m] for m in shortest_moves(*s)]) for s in states]
     print(
-        f"bench.sft: {args.model}, {len(train_idx)} train / {len(test_idx)} held-out states, batch {args.batch}, "
-        f"{args.steps} steps, AdamW, {device}"
+        f"bench.sft: {args.model}, {len(train_idx)} train / {len(test_idx)} held-out states, "
+        f"batch {args.batch}, {args.steps} steps, AdamW, {device}"
     )
     print("| lr | step | train loss | held_out | policy | invalid |\n|---|---|---|---|---|---|")
     for lr in args.lr:
@@ -121,7 +121,8 @@ def main(argv=None):
                 pol = policy_success(dict(zip(states, acts)), states)
                 loss = f"{sum(losses) / len(losses):.3f}" if losses else "-"
                 print(
-                    f"| {lr:g} | {step} | {loss} | {held:.3f} | {pol:.3f} | {acts.count('invalid') / len(acts):.3f} |",
+                    f"| {lr:g} | {step} | {loss} | {held:.3f} | {pol:.3f} | "
+                    f"{acts.count('invalid') / len(acts):.3f} |",
                     flush=True,
                 )
                 losses = []

@@ -11,10 +11,11 @@ are named in the last line, which exits 1; configs with such runs are not compar
 those of the machine and the parallelism the command ran with: compare configs only within one sweep.
 
 Below the table, the first config is compared with every other one, their seeds as two samples: the
-difference of mean final held-out success (first - other) with a 95% bootstrap interval (10,000 resamples of each
-config's seeds), and a two-sided Mann-Whitney U test on the finals and on the iterations to the bar
-(a run that never reached it ranks last). Its p is exact (all splits of the pooled seeds into two
-sets of the configs' sizes, ties at mid-rank) up to 200,000 splits, and from 200,000 random ones above.
+difference of mean final held-out success (first - other) with a 95% bootstrap interval (10,000
+resamples of each config's seeds), and a two-sided Mann-Whitney U test on the finals and on the
+iterations to the bar (a run that never reached it ranks last). Its p is exact (all splits of the
+pooled seeds into two sets of the configs' sizes, ties at mid-rank) up to 200,000 splits, and from
+200,000 random ones above.
 
 `--at N` reads every run as if it had stopped at iteration N: its last eval at or before N is the
 "final", and the bar counts only up to N (e.g. `--report --at 10`: did two configs differ that early?;
@@ -174,8 +175,8 @@ def compare(name_a, rows_a, name_b, rows_b, bar, what="final held-out success"):
     u, p = mann_whitney(ia, ib)
     med = lambda x: "never" if np.median(x) >= never else f"{np.median(x):.0f}"  # noqa: E731
     print(
-        f"{name_a} vs {name_b}: iterations to {bar}: median {med(ia)} vs {med(ib)}; Mann-Whitney U = {u:.1f}, "
-        f"p = {p:.3f}"
+        f"{name_a} vs {name_b}: iterations to {bar}: median {med(ia)} vs {med(ib)}; "
+        f"Mann-Whitney U = {u:.1f}, p = {p:.3f}"
     )
 
 
@@ -223,8 +224,9 @@ def main():
     for at in args.at:
         final = "final" if at is None else f"at iteration {at}:"
         print(
-            f"\n| config | reached {args.bar} | iterations to {args.bar} | seconds to {args.bar} | {final} held-out "
-            f"success | {final} >= 0.9 | run seconds | {final} |\n|---|---|---|---|---|---|---|---|"
+            f"\n| config | reached {args.bar} | iterations to {args.bar} | seconds to {args.bar} "
+            f"| {final} held-out success | {final} >= 0.9 | run seconds | {final} |"
+            "\n|---|---|---|---|---|---|---|---|"
         )
         rows = {
             name: summarise(name, [out for n, _, out, _ in done if n == name], args.bar, at)

@@ -135,8 +135,8 @@ def run(args, rank, world, device, log):
         model = AutoModelForCausalLM.from_config(mcfg, attn_implementation=attn)
     n_params = sum(p.numel() for p in model.parameters())
     log(
-        f"model {args.shape}: {n_params / 1e9:.2f}B parameters, world {world}, device {device}, attention {attn}, "
-        f"compile {args.compile}"
+        f"model {args.shape}: {n_params / 1e9:.2f}B parameters, world {world}, device {device}, "
+        f"attention {attn}, compile {args.compile}"
     )
     cfg = train.Config(
         micro_batch_tokens=args.micro_batch_tokens, mini_batch=args.samples, grad_ckpt=args.grad_ckpt, lr=1e-6
@@ -198,10 +198,11 @@ def run(args, rank, world, device, log):
     mem = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
     rows = [("old log-probs (forward)", t1 - t0, f_fwd), ("update (fwd+bwd+AdamW)", t2 - t1, f_upd)]
     log(
-        f"\n{args.samples} samples, {int(tokens)} tokens (prompt <= {args.prompt}, response <= {args.response}), "
+        f"\n{args.samples} samples, {int(tokens)} tokens "
+        f"(prompt <= {args.prompt}, response <= {args.response}), "
         f"micro-batches <= {args.micro_batch_tokens} tokens, grad_ckpt {args.grad_ckpt}, "
-        f"{stats['optimizer_steps']} optimizer step(s), loss {stats['loss']:.4f}; weights + gradients + AdamW "
-        f"state {static:.1f} GiB (rank 0)\n"
+        f"{stats['optimizer_steps']} optimizer step(s), loss {stats['loss']:.4f}; "
+        f"weights + gradients + AdamW state {static:.1f} GiB (rank 0)\n"
     )
     log("| pass | seconds | tokens/s (all ranks) | TFLOP/s per GPU | MFU | peak memory GiB (rank 0) |")
     log("|---|---|---|---|---|---|")
@@ -328,8 +329,9 @@ def main():
     except torch.OutOfMemoryError as e:
         gib = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
         log(
-            f"out of GPU memory in the {args.phase} (shape {args.shape}, micro-batches <= {args.micro_batch_tokens} "
-            f"tokens, compile {args.compile}, grad_ckpt {args.grad_ckpt}; peak {gib:.1f} GiB allocated): "
+            f"out of GPU memory in the {args.phase} (shape {args.shape}, "
+            f"micro-batches <= {args.micro_batch_tokens} tokens, compile {args.compile}, "
+            f"grad_ckpt {args.grad_ckpt}; peak {gib:.1f} GiB allocated): "
             f"{str(e).splitlines()[0][:160]}"
         )
         result = dict(vars(args), oom=True, peak_memory_gib=gib)

@@ -112,4 +112,4 @@ for _name, (_module, _cls, _kw) in ENVS.items():  # gymnasium.make("gigpo/Treasu
     gymnasium.register(f"gigpo/{_cls}-v0", entry_point=f"{_module}:{_cls}", kwargs=_kw)
 
 
-from envs.vector import GroupedEnvs  # noqa: E402  (re-export)
+from envs.vector import GroupedEnvs as GroupedEnvs  # noqa: E402  (re-export)

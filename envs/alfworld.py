@@ -217,7 +217,8 @@ class ALFWorld(gymnasium.Env):
         self.observation_space, self.action_space = TextSpace(), TextSpace(["look"])
 
     def reset(self, seed=None, options=None):
-        """reset(seed) or reset(seed=...): game seed % len(split); without a seed, one drawn from np_random."""
+        """reset(seed) or reset(seed=...): game seed % len(split); without a seed, one drawn from
+        np_random."""
         super().reset(seed=seed)
         seed = seed if seed is not None else int(self.np_random.integers(2**62))
         gamefile = self.games[seed % len(self.games)]

@@ -75,7 +75,8 @@ class KeyDoor(gymnasium.Env):
         self.observation_space, self.action_space = TextSpace(), TextSpace(MOVES)
 
     def reset(self, seed=None, options=None):
-        """The layout from the seed alone (python's Random); redrawn until start -> key -> door is walkable."""
+        """The layout from the seed alone (python's Random); redrawn until start -> key -> door is
+        walkable."""
         super().reset(seed=seed)
         rng = random.Random(seed if seed is not None else int(self.np_random.integers(2**62)))
         cells = [(r, c) for r in range(self.size) for c in range(self.size)]

@@ -94,7 +94,8 @@ def data_root(data_dir=None):
     root = data_dir or os.environ.get("SEARCH_DATA")
     if not root or not os.path.isdir(root):
         raise FileNotFoundError(
-            f"search: no data dir ({root or 'none given'}): give --env_args data_dir=DIR or set $SEARCH_DATA to a "
+            f"search: no data dir ({root or 'none given'}): give --env_args data_dir=DIR "
+            "or set $SEARCH_DATA to a "
             f"folder with Search-R1's corpus.jsonl and train/test QA files, or make the demo set: "
             f"python -m envs.demo search DIR"
         )

@@ -3,8 +3,9 @@
 Envs step in-process (workers=0, fine for a toy game) or in `workers` processes, each owning a
 contiguous slice of envs; a command goes to every worker before any answer is read, so slow resets
 and steps overlap. step() waits for its results; send() starts steps and receive() collects those
-done, so the rollout can generate for some envs while others step (rollout.py). Reset checks that each group really starts from one state and fails loudly if
-not: a group with mixed starts silently breaks every group baseline.
+done, so the rollout can generate for some envs while others step (rollout.py). Reset checks that
+each group really starts from one state and fails loudly if not: a group with mixed starts silently
+breaks every group baseline.
 
 A worker that dies (a crashing game engine, the OOM killer) costs its episodes, not the run: it is
 restarted with fresh envs, its envs' running episodes end as truncated (on their last observation,

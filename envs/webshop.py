@@ -98,7 +98,8 @@ def data_root(data_dir=None):
     root = data_dir or os.environ.get("WEBSHOP_DATA")
     if not root or not os.path.isdir(root):
         raise FileNotFoundError(
-            f"webshop: no data dir ({root or 'none given'}): give --env_args data_dir=DIR or set $WEBSHOP_DATA to a "
+            f"webshop: no data dir ({root or 'none given'}): give --env_args data_dir=DIR "
+            "or set $WEBSHOP_DATA to a "
             f"folder with WebShop's items_shuffle_1000.json, items_ins_v2_1000.json and items_human_ins.json "
             f"(WebShop's setup.sh downloads them), or make the demo set: python -m envs.demo webshop DIR"
         )
@@ -161,7 +162,8 @@ def load(root, small=True):
             for q in products.values()
         ]
     )
-    goals = []  # in catalogue order, as WebShop builds them: its shuffle (seed 233) then picks the same test goals
+    # in catalogue order, as WebShop builds them: its shuffle (seed 233) then picks the same test goals
+    goals = []
     for asin in asins:
         for k, ins in enumerate(human.get(asin, [])):
             if not ins.get("instruction_attributes"):

@@ -10,8 +10,9 @@ the chat one forgives case, surrounding spaces, quotes and a final full stop ("D
 The chat prompt lists the four answers in an order drawn from the state. Measured on
 SmolLM2-135M-Instruct (48 states x 8 samples, T=1, 4 tokens) with the fixed order "up, down, left or
 right": 17% of replies were one valid word, and of the replies that named a move 75% named "up" (the
-model copies the first option). Trained from there, the policy said "up" in every state within 10 iterations, before it had
-learned to read the coordinates (LOG.md). A state-dependent order takes the bias off any one move.
+model copies the first option). Trained from there, the policy said "up" in every state within 10
+iterations, before it had learned to read the coordinates (LOG.md). A state-dependent order takes the
+bias off any one move.
 """
 
 import random

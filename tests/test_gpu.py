@@ -138,7 +138,8 @@ def test_sleep_frees_memory_and_wake_restores_it(setup):
     engine.push_weights(model.state_dict().items())  # as train.py does after every update
     woken = used_gib()
     print(
-        f"\nGPU memory held by this process: awake {awake:.1f} GiB, asleep {asleep:.1f} GiB, woken {woken:.1f} GiB"
+        f"\nGPU memory held by this process: awake {awake:.1f} GiB, asleep {asleep:.1f} GiB, "
+        f"woken {woken:.1f} GiB"
     )
     assert awake - asleep > KV_MB / 1024 / 2, f"sleep freed less than half of the {KV_MB} MiB KV cache"
     assert abs(woken - awake) < 2
@@ -200,7 +201,8 @@ def test_train_py_logp_gap_on_gpu(setup, engine_kind, tmp_path):
     gaps = [m["logp_gap"] for m in lines]
     print(
         f"\n{engine_kind}: logp_gap per iteration {[round(x, 4) for x in gaps]}, tis_weight "
-        f"{[round(m['tis_weight'], 4) for m in lines]}, tis_trunc_frac {[round(m['tis_trunc_frac'], 4) for m in lines]}"
+        f"{[round(m['tis_weight'], 4) for m in lines]}, "
+        f"tis_trunc_frac {[round(m['tis_trunc_frac'], 4) for m in lines]}"
     )
     assert all(0 <= g < 0.1 for g in gaps)
     assert all(0 < m["tis_weight"] <= 2 for m in lines)

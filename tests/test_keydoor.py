@@ -185,7 +185,8 @@ def test_credit_puts_both_advantages_on_the_same_steps(tmp_path):
     assert r["sign_disagree"] == 0.0
     assert r["grpo_pickup_won"] == pytest.approx(0.6) and r["grpo_pickup_lost"] == pytest.approx(-0.4)
     assert r["gigpo_pickup_won"] == pytest.approx(0.6 + 0.9025 - 0.9025 / 3)
-    # towards the key: the winner's first step and the loser's second; the loser's bump is the other valid step
+    # towards the key: the winner's first step and the loser's second; the loser's bump is the other
+    # valid step
     assert r["grpo_sep_lost"] == pytest.approx(0.0)  # same episode, same A^E
     assert r["gigpo_sep_all"] > r["grpo_sep_all"]
     assert np.isfinite(r["mean_group_size"])
@@ -259,7 +260,8 @@ def test_credit_sign_disagreement_counts_only_steps_with_both_parts():
         and r["singleton_samples"] == 0.0
         and r["mean_group_size"] == 2
     )
-    # whole advantages: (0.7, 0.4, -0.8, 0.4, 0.5) against (0.5, 0.5, -0.5, 0, 0.5): only the 4th differs in sign
+    # whole advantages: (0.7, 0.4, -0.8, 0.4, 0.5) against (0.5, 0.5, -0.5, 0, 0.5): only the 4th
+    # differs in sign
     assert r["flips"] == pytest.approx(1 / 5)
     assert r["cosine"] == pytest.approx(
         (0.35 + 0.2 + 0.4 + 0.25) / (np.sqrt(0.49 + 0.16 + 0.64 + 0.16 + 0.25) * 1.0)
