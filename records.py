@@ -2,7 +2,7 @@
 agent did and what GiGPO made of it; and what makes the metrics line (the phase timer, the training
 numbers summed over ranks, which keys the line holds), the progress bar and wandb.
 
-`out_dir/metrics.jsonl` gets one line per iteration (README, "Metrics"); a resumed run keeps the
+`out_dir/metrics.jsonl` gets one line per iteration (docs/training.md, "Metrics"); a resumed run keeps the
 lines of the iterations its checkpoint holds (checkpoint.kept_log) and drops the rest. Both logs
 only ever hold whole lines: a write that fails (a full disk) is taken back and stops the run in one
 line (append_lines).
@@ -214,7 +214,7 @@ class Timer(dict):
 
 
 def training_metrics(samples, trained, episodes, n_dead, adv, old):
-    """The iteration's training numbers (README, "Metrics"). Summed over all ranks, then divided:
+    """The iteration's training numbers (docs/training.md, "Metrics"). Summed over all ranks, then divided:
     episodes won, their returns and lengths, episodes, episode groups and those that won every
     episode, step samples (collected), valid ones, |rollout - training log-prob| over the trained
     response tokens that have rollout log-probs (old: the training model's; DAPO's dynamic sampling
@@ -255,7 +255,7 @@ def training_metrics(samples, trained, episodes, n_dead, adv, old):
     }
 
 
-# the metrics line's default keys (README, "Metrics"): what a reader needs to judge a run; eval_success/SET
+# the metrics line's default keys (docs/training.md, "Metrics"): what a reader needs to judge a run; eval_success/SET
 # (named eval sets) come with eval_success. --metrics all adds the rest: histograms, sub-timers,
 # throughput, update details.
 DEFAULT_METRICS = (

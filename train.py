@@ -18,7 +18,7 @@ main() runs these numbered sections once per iteration:
   4. push weights the new weights into the generation engine (engine.push_weights)
   5. eval         every `eval_every` and at the end: greedy on held-out seeds, or an env's own sets
                   (ALFWorld's splits at T=0.4), each reported apart (evaluate.py)
-  6. log          the metrics line (README, "Metrics"; records.py), then at an eval the checkpoint:
+  6. log          the metrics line (docs/training.md, "Metrics"; records.py), then at an eval the checkpoint:
                   ckpt/ and model/ never lead the log; wandb, the progress bar
 Below main: the helpers of its sections, then the command line (parse_args; its checks: checks.py).
 """
@@ -140,7 +140,7 @@ class Config:
     out_dir: str = "out"  # metrics.jsonl, episodes.jsonl, ckpt/ (to resume), model/ (HF format)
     wandb: bool = False  # log to Weights & Biases (rank 0): metrics, and a table of episodes at each eval
     metrics: str = "default"  # metrics.jsonl keys: default (what judges a run) | all (+ histograms,
-    # sub-timers, throughput, update details; README, "Metrics")
+    # sub-timers, throughput, update details; docs/training.md, "Metrics")
     log_groups: int = 1  # whole episodes to out_dir/episodes.jsonl: this many training groups per iteration,
     # 8x this many episodes per eval set (records.py); 0 = none
     resume: bool = False  # continue from out_dir/ckpt (same config; --iterations may grow)
@@ -418,7 +418,7 @@ def metrics(
     eval_rates,
     wall,
 ):
-    """Section 6: the metrics line (README, "Metrics"): the default keys, or all (--metrics all)."""
+    """Section 6: the metrics line (docs/training.md, "Metrics"): the default keys, or all (--metrics all)."""
     dt = timer.since_start()
     summed = records.training_metrics(samples, trained, episodes, n_dead, adv, old)  # all ranks
     tokens = all_reduce(sum(len(s.prompt_ids) + len(s.response_ids) for s in trained))

@@ -621,7 +621,7 @@ def test_episodes_on_disk_and_wandb_offline(tmp_path):
         env=env,
     )
     assert r.returncode == 0, r.stderr[-2000:]
-    import records  # the default metrics line: its ~20 keys, no opt-in one (README, "Metrics")
+    import records  # the default metrics line: its ~20 keys, no opt-in one (docs/training.md, "Metrics")
 
     rows = [json.loads(l) for l in open(out / "metrics.jsonl")]
     assert all(set(m) == set(records.DEFAULT_METRICS) for m in rows) and len(rows[0]) <= 20
