@@ -1,5 +1,6 @@
 """The code's style, as the repo's linter sees it: `ruff format --check .` and `ruff check .` (the rules in
 pyproject.toml: line length 110, pycodestyle, pyflakes, import order)."""
+
 import os
 import shutil
 import subprocess
