@@ -256,8 +256,8 @@ def training_metrics(samples, trained, episodes, n_dead, adv, old):
 
 
 # the metrics line's default keys (docs/training.md, "Metrics"): what a reader needs to judge a run;
-# eval_success/SET (named eval sets) come with eval_success. --metrics all adds the rest: histograms, sub-timers,
-# throughput, update details.
+# eval_success/SET (named eval sets) come with eval_success. --metrics all adds the rest: histograms,
+# sub-timers, throughput, update details.
 DEFAULT_METRICS = (
     "iteration",
     "success",
