@@ -7,6 +7,7 @@ engine it has:
         the same one prompt at a time: poll advances generation and returns what finished (the
         rollout overlaps env steps with it); `pending` counts what is submitted and not returned
     push_weights(named_tensors)    the trainer's weights in, after every update
+    check_fits(prompts, max_tokens)  a prompt past the model's context is one line, not a crash
     sleep(); wake()                hand the engine's GPU memory to the update and take it back
     close()
     name ("transformers" | "vllm"), own_model (a model copy to export, else None), max_len
@@ -77,6 +78,17 @@ class Engine:
 
     def push_weights(self, named_tensors):
         pass
+
+    def check_fits(self, prompts, max_tokens):
+        """A prompt plus its reply must fit the model's context (max_len): else one line naming what
+        shrinks it (nothing is cut silently)."""
+        longest = max(map(len, prompts))
+        if self.max_len and longest + max_tokens > self.max_len:
+            raise SystemExit(
+                f"error: a step's prompt is {longest} tokens and its reply up to {max_tokens}, over the "
+                f"model's context of {self.max_len}: shorten it with --memory window (a smaller "
+                f"--memory_k), fewer steps (--env_args max_steps=N) or --max_response_tokens"
+            )
 
     def sleep(self):
         pass

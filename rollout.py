@@ -5,13 +5,10 @@ from (task, memory text, current observation, admissible actions), so its length
 episode grows. We keep the sampled token ids and their log-probs as the engine returned them: a
 response is never decoded and re-encoded for training (decoding is only to read the action).
 
-Two schedules, the same samples (the engine's interface: engine.py):
-  lockstep  each step, the prompts of all active envs go to the engine as ONE batch; then all envs
-            step; then the next step's prompts are built
-  overlap   an env's action goes to its env worker as soon as its reply is done, and its next prompt
-            to the engine as soon as its step returns: env workers step some envs while the engine
-            generates for the others, so the env steps hide behind generation (--overlap, with env
-            workers; vLLM batches continuously, the transformers engine generates what has arrived)
+Two schedules, the same samples: lockstep (each step, the prompts of all active envs go to the engine
+as ONE batch, then all envs step) and overlap (--overlap, with env workers: an action goes to its worker
+as soon as its reply is done, the env's next prompt to the engine as soon as its step returns, so env
+steps hide behind the generation of other envs' replies).
 """
 
 import time
@@ -46,17 +43,6 @@ def render_prompts(tokenizer, messages):
     else:
         texts = ["\n".join(x["content"] for x in m) + "\n" for m in messages]
     return tokenizer(texts, add_special_tokens=False).input_ids
-
-
-def check_fits(prompt_ids, max_tokens, max_len):
-    """A prompt plus its reply must fit the model's context: else one line naming what shrinks it."""
-    longest = max(map(len, prompt_ids))
-    if max_len and longest + max_tokens > max_len:
-        raise SystemExit(
-            f"error: a step's prompt is {longest} tokens and its reply up to {max_tokens}, over the "
-            f"model's context of {max_len}: shorten it with --memory window (a smaller "
-            f"--memory_k), fewer steps (--env_args max_steps=N) or --max_response_tokens"
-        )
 
 
 def rollout(
@@ -110,7 +96,7 @@ def rollout(
                 for i in ready
             ],
         )
-        check_fits(ids, max_tokens, engine.max_len)
+        engine.check_fits(ids, max_tokens)
         for i, p_ids in zip(ready, ids):
             asked[i] = p_ids
             engine.submit(i, p_ids, temperature, top_p, max_tokens)

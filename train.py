@@ -182,16 +182,13 @@ TOP_P = 1.0  # rollout nucleus sampling: off, the whole distribution (paper: 1.0
 
 
 def main(argv=None):
-    """One run: set-up, then sections 1-6 of the module docstring for every iteration. Returns the
-    final eval success on rank 0 (None on the others)."""
+    """One run: set-up, then sections 1-6 of the module docstring for every iteration -> the final
+    eval success on rank 0 (None on the others)."""
     cfg = parse_args(sys.argv[1:] if argv is None else argv)
     check_config(cfg)
     meta = claim_out_dir(cfg)  # out_dir locked; a fresh run never writes over a run
-    kept = (
-        kept_log(os.path.join(cfg.out_dir, "metrics.jsonl"), meta["iteration"], meta.get("metrics_line"))
-        if meta
-        else []
-    )
+    log_path, config = os.path.join(cfg.out_dir, "metrics.jsonl"), dataclasses.asdict(cfg)
+    kept = kept_log(log_path, meta["iteration"], meta.get("metrics_line")) if meta else []
     rank, world, device = setup_dist(cfg)
     if cfg.n_groups % world:
         fail(f"--n_groups {cfg.n_groups} must divide over {world} ranks (each owns whole groups)")
@@ -199,28 +196,18 @@ def main(argv=None):
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed + rank)
     random.seed(cfg.seed + rank)
-    prompt = prompt_module(
-        cfg.env, chat=not is_tiny(cfg.model), variant=cfg.prompt
-    )  # a pretrained model: instructions
-    # the held-out seeds' envs (named eval sets, e.g. ALFWorld's splits, make their own in evaluate)
+    # a pretrained model gets the chat prompt (instructions), the tiny one the bare observation
+    prompt = prompt_module(cfg.env, chat=not is_tiny(cfg.model), variant=cfg.prompt)
     env_args = parse_env_args(cfg.env, cfg.env_args)
-    eval_envs = (
-        GroupedEnvs(cfg.env, cfg.eval_episodes, 1, workers=cfg.env_workers, **env_args)
-        if rank == 0 and "held-out" in eval_plan(cfg)
-        else None
-    )
+    eval_envs = held_out_envs(cfg, env_args) if rank == 0 else None
     if cfg.eval_only:
         return evaluate_only(cfg, rank, device, eval_envs, prompt)
     envs = GroupedEnvs(cfg.env, cfg.n_groups // world, cfg.group_size, workers=cfg.env_workers, **env_args)
-    print0(f"config: {json.dumps(dataclasses.asdict(cfg))}\n{batch_arithmetic(cfg, world, envs)}")
+    print0(f"config: {json.dumps(config)}\n{batch_arithmetic(cfg, world, envs)}")
     model, tok, ref, engine, gen_model, packed = build_policy(cfg, device, world, print0)
     opt, sched = make_optimizer(cfg, model, device)
-    critic = (
-        Critic(model.config.hidden_size, device, lambda head: make_optimizer(cfg, head, device))
-        if cfg.algo == "ppo"
-        else None
-    )  # --algo ppo: a value head, outside the sharded model (ppo.py)
-    extra = {"critic": critic} if critic else None  # saved and resumed with the checkpoint
+    critic = make_critic(cfg, model, device)
+    extra = {"critic": critic} if critic else None
     start = resume(cfg, meta, model, opt, sched, rank, extra, engine, print0) if meta else 0
     baseline = random_policy_success(cfg, eval_envs) if rank == 0 else None
     print0(
@@ -230,18 +217,11 @@ def main(argv=None):
     log = open_metrics_log(cfg.out_dir, kept, start) if rank == 0 else None
     wandb = records.open_wandb(cfg) if cfg.wandb and rank == 0 else None
     episode_log = records.EpisodeLog(cfg.out_dir, records.LOG_MB, start) if rank == 0 else None
-    shown = []  # this iteration's recorded training episodes: wandb's table at the next eval
-    t_run = time.perf_counter()
-    eval_success, eval_rates = None, {}  # the headline; every set (and task type) on its own
-    saved = start  # the iteration ckpt/ and model/ hold
-    bar = tqdm(
-        range(start + 1, cfg.iterations + 1),
-        desc="train",
-        dynamic_ncols=True,
-        disable=rank != 0,
-        initial=start,
-        total=cfg.iterations,
-    )
+    # shown: this iteration's recorded training episodes, wandb's table at the next eval
+    shown, t_run, limit = [], time.perf_counter(), 60 * cfg.time_limit
+    eval_rates, saved = {}, start  # the last eval's rates (every set, task type); the iteration ckpt/ holds
+    its = range(start + 1, cfg.iterations + 1)
+    bar = tqdm(its, "train", initial=start, total=cfg.iterations, disable=rank != 0, dynamic_ncols=True)
     for it in bar:
         timer = records.Timer()
         # 1. collect: this rank's groups, each from its own seed; every env step is a sample
@@ -267,84 +247,58 @@ def main(argv=None):
             engine.wake()
             engine.push_weights(full_parameters(model))
         # 5. eval, every eval_every and at the end (rank 0; a few episodes of each set recorded)
-        out_of_time = (
-            cfg.time_limit > 0 and all_reduce(time.perf_counter() - t_run, "max") > 60 * cfg.time_limit
-        )
+        out_of_time = limit > 0 and all_reduce(time.perf_counter() - t_run, "max") > limit
         checkpoint = it % cfg.eval_every == 0 or it == cfg.iterations or out_of_time
         if checkpoint and rank == 0:
-            eval_rates = evaluate(
-                tok,
-                cfg,
-                eval_envs,
-                prompt,
-                engine,
-                iteration=it,
-                on_samples=lambda name, s: episode_log.write(
-                    records.episodes(s, tok, it, name, max_episodes=8 * cfg.log_groups)
-                ),
-            )
-            eval_success = headline(eval_rates)
+            eval_rates = run_eval(cfg, tok, eval_envs, prompt, engine, it, episode_log)
             if wandb and shown:
                 wandb.log({"episodes": records.wandb_table(wandb, shown)}, step=it)
         # 6. log: the metrics line first, then the checkpoint (ckpt/ and model/ never lead the log)
-        m = metrics(
-            cfg,
-            it,
-            samples,
-            trained,
-            episodes,
-            n_dead,
-            adv,
-            old,
-            sched,
-            {**adv_stats, **upd},
-            timing,
-            timer,
-            eval_success,
-            eval_rates,
-            time.perf_counter() - t_run,
-        )
+        batch = (samples, trained, episodes, n_dead, adv, old)
+        m = metrics(cfg, it, batch, sched, {**adv_stats, **upd}, timing, timer, eval_rates, t_run)
         if rank == 0:
             records.append_lines(log, json.dumps(m) + "\n")
         if checkpoint:
-            save(
-                cfg.out_dir,
-                it,
-                model,
-                tok,
-                opt,
-                sched,
-                rank,
-                dataclasses.asdict(cfg),
-                gen_model,
-                extra,
-                metrics_line=json.dumps(m),
-            )
+            save(cfg.out_dir, it, model, tok, opt, sched, rank, config, gen_model, extra, json.dumps(m))
             saved = it
         if rank == 0:
             records.show_progress(bar, m, it, wandb, line=it == start + 1 or it % cfg.eval_every == 0)
         if out_of_time and it < cfg.iterations:
             print0(
-                f"--time_limit {cfg.time_limit:g} min reached: stopped after iteration {it} of "
-                f"{cfg.iterations} (--resume 1 goes on)"
+                f"--time_limit {cfg.time_limit:g} min: stopped after iteration {it} of {cfg.iterations} "
+                "(--resume 1 goes on)"
             )
             break
     bar.close()
     envs.close()
     if rank == 0:
-        if eval_success is None:  # resumed at the end: nothing trained, still report
+        if not eval_rates:  # resumed at the end: nothing trained, still report
             eval_rates = evaluate(tok, cfg, eval_envs, prompt, engine, iteration=start)
         eval_envs and eval_envs.close()
         print(f"done in {time.perf_counter() - t_run:.0f}s; model saved to {cfg.out_dir}/model")
-        print(
-            f"held-out success {success_text(eval_rates)} "
-            f"({eval_what(cfg)}; random policy {success_text(baseline)})"
-        )
+        rates, random_rates = success_text(eval_rates), success_text(baseline)
+        print(f"held-out success {rates} ({eval_what(cfg)}; random policy {random_rates})")
     finish_dist(engine)
     return headline(eval_rates) if rank == 0 else None
 
 
 # ---- the helpers of main's set-up and sections, in the order main calls them ----
+def held_out_envs(cfg, env_args):
+    """The held-out seeds' envs, one group of one each; None where the env has named eval sets (e.g.
+    ALFWorld's splits: evaluate makes their envs)."""
+    if "held-out" in eval_plan(cfg):
+        return GroupedEnvs(cfg.env, cfg.eval_episodes, 1, workers=cfg.env_workers, **env_args)
+    return None
+
+
+def make_critic(cfg, model, device):
+    """--algo ppo: a value head, outside the sharded model (ppo.py), saved and resumed with the
+    checkpoint; None for every other estimator."""
+    if cfg.algo != "ppo":
+        return None
+    return Critic(model.config.hidden_size, device, lambda head: make_optimizer(cfg, head, device))
+
+
 def resume(cfg, meta, model, opt, sched, rank, extra, engine, print0):
     """--resume 1: the checkpoint's weights, optimizer and RNG in, its weights pushed to the engine ->
     the iteration it holds. A changed --iterations stretches the cosine (one line says by how much)."""
@@ -401,26 +355,11 @@ def update_policy(cfg, model, ref, opt, sched, critic, trained, adv, targets, lp
     return old, upd
 
 
-def metrics(
-    cfg,
-    it,
-    samples,
-    trained,
-    episodes,
-    n_dead,
-    adv,
-    old,
-    sched,
-    stats,
-    timing,
-    timer,
-    eval_success,
-    eval_rates,
-    wall,
-):
-    """Section 6: the metrics line (docs/training.md, "Metrics"): the default keys, or all (--metrics all)."""
-    dt = timer.since_start()
-    summed = records.training_metrics(samples, trained, episodes, n_dead, adv, old)  # all ranks
+def metrics(cfg, it, batch, sched, stats, timing, timer, eval_rates, t_run):
+    """Section 6: the metrics line (docs/training.md, "Metrics"): the default keys, or all (--metrics all).
+    batch: (samples, trained samples, episodes, dead-worker episodes, advantages, old log-probs)."""
+    dt, trained = timer.since_start(), batch[1]
+    summed = records.training_metrics(*batch)  # all ranks
     tokens = all_reduce(sum(len(s.prompt_ids) + len(s.response_ids) for s in trained))
     return records.metrics_line(
         cfg,
@@ -439,11 +378,21 @@ def metrics(
             "time_iteration": dt,
             "samples_per_s": summed["samples"] / dt,
             "update_tokens_per_s": tokens / timer["update"],
-            "eval_success": eval_success,  # named sets (ALFWorld): also eval_success/<set>[/<task type>]
+            # the last eval's headline; named sets (ALFWorld): also eval_success/<set>[/<task type>]
+            "eval_success": headline(eval_rates) if eval_rates else None,
             **{f"eval_success/{k}": v for k, v in eval_rates.items() if k != "held-out"},
-            "wall": wall,
+            "wall": time.perf_counter() - t_run,
         },
     )
+
+
+def run_eval(cfg, tok, eval_envs, prompt, engine, it, episode_log):
+    """Section 5: every eval set (evaluate.py), a few episodes of each recorded -> the rates."""
+
+    def record(name, samples):
+        episode_log.write(records.episodes(samples, tok, it, name, max_episodes=8 * cfg.log_groups))
+
+    return evaluate(tok, cfg, eval_envs, prompt, engine, iteration=it, on_samples=record)
 
 
 def evaluate_only(cfg, rank, device, eval_envs, prompt):
