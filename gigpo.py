@@ -268,24 +268,10 @@ BATCH_ALGOS = ("ppo", "reinforce_pp")  # statistics over the whole batch (train.
 
 
 # --------------------------------------------------------------------------- the one call
-def advantages(
-    rewards,
-    traj_ids,
-    group_ids,
-    anchors,
-    valid,
-    *,
-    algo="gigpo",
-    gamma=0.95,
-    omega=1.0,
-    penalty=0.1,
-    norm="mean_std_norm",
-    stats="step",
-    similarity=None,
-    values=None,
-    gae_lambda=0.95,
-    tied_step=True,
-):
+# the paper's hyperparameters read better on three lines than one per line: the formatter skips this header
+def advantages(rewards, traj_ids, group_ids, anchors, valid, *, algo="gigpo", gamma=0.95, omega=1.0,
+               penalty=0.1, norm="mean_std_norm", stats="step", similarity=None, values=None,
+               gae_lambda=0.95, tied_step=True):  # fmt: skip
     """One advantage per sample, and its parts, for the estimator ESTIMATORS[algo]:
 
       gigpo:        A = A^E + omega * A^S   (Sec. 4.2); tied_step=False: an ablation (gigpo_estimator)
@@ -315,50 +301,26 @@ def advantages(
     r = _f64(rewards)
     bad = np.flatnonzero(~np.isfinite(r))
     if bad.size:
-        raise ValueError(
-            f"NaN/inf reward at sample {bad[0]} (value {r[bad[0]]}); {bad.size} bad sample(s) in total"
-        )
+        raise ValueError(f"NaN/inf reward at sample {bad[0]} (value {r[bad[0]]}); {bad.size} bad in total")
     home = {}
     for t, g in zip(traj_ids, group_ids):
         if home.setdefault(t, g) != g:
             raise ValueError(f"trajectory {t!r} appears in episode groups {home[t]!r} and {g!r}")
     n = len(r)
     if n == 0:
-        return {k: np.zeros(0) for k in ("adv", "adv_episode", "adv_step", "score", "step_return")} | {
-            "step_group": np.zeros(0, dtype=np.int64),
-            "step_weight": 0.0,
-        }
-    b = SimpleNamespace(
-        rewards=r,
-        traj_ids=traj_ids,
-        group_ids=group_ids,
-        anchors=anchors,
-        valid=_f64(valid),
-        values=values,
-        gamma=gamma,
-        omega=omega,
-        penalty=penalty,
-        norm=norm,
-        stats=stats,
-        gae_lambda=gae_lambda,
-        tied_step=tied_step,
-        score=episode_scores(r, traj_ids, valid, penalty),
-        step_return=step_returns(r, traj_ids, valid, gamma, penalty),
-        step_group=step_groups(anchors, group_ids, similarity),
-    )
+        empty = {k: np.zeros(0) for k in ("adv", "adv_episode", "adv_step", "score", "step_return")}
+        return empty | {"step_group": np.zeros(0, dtype=np.int64), "step_weight": 0.0}
+    flags = dict(gamma=gamma, omega=omega, penalty=penalty, norm=norm, stats=stats, gae_lambda=gae_lambda)
+    b = SimpleNamespace(**arrays, **flags, tied_step=tied_step, values=values)
+    b.rewards, b.valid = r, _f64(valid)
+    b.score = episode_scores(r, traj_ids, valid, penalty)
+    b.step_return = step_returns(r, traj_ids, valid, gamma, penalty)
+    b.step_group = step_groups(anchors, group_ids, similarity)
     parts = ESTIMATORS[algo](b)
     a_e, a_s = (np.broadcast_to(_f64(parts.pop(k, 0.0)), (n,)).copy() for k in ("adv_episode", "adv_step"))
     w = float(parts.pop("step_weight", 1.0))
-    return {
-        "adv": a_e + w * a_s,
-        "adv_episode": a_e,
-        "adv_step": a_s,
-        "step_weight": w,
-        "score": b.score,
-        "step_return": b.step_return,
-        "step_group": b.step_group,
-        **parts,
-    }
+    out = {"adv": a_e + w * a_s, "adv_episode": a_e, "adv_step": a_s, "step_weight": w, "score": b.score}
+    return out | {"step_return": b.step_return, "step_group": b.step_group, **parts}
 
 
 def advantage_stats(scores, group_ids, step_group_ids):
