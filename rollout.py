@@ -45,20 +45,8 @@ def render_prompts(tokenizer, messages):
     return tokenizer(texts, add_special_tokens=False).input_ids
 
 
-def rollout(
-    envs,
-    engine,
-    tokenizer,
-    prompt,
-    memories,
-    group_seeds,
-    temperature,
-    top_p,
-    max_tokens,
-    max_turns=1000,
-    desc=None,
-    overlap=False,
-):
+def rollout(envs, engine, tokenizer, prompt, memories, group_seeds, temperature, top_p, max_tokens,
+            max_turns=1000, desc=None, overlap=False):  # fmt: skip
     """Play one batch of episodes to the end -> (samples, episodes, timings).
 
     envs: GroupedEnvs; memories: one per env; group_seeds: one per group. Envs that finished are
