@@ -197,10 +197,10 @@ class VLLMEngine(Engine):
     and by default stays awake through the update (`sleep`): on falling asleep vLLM asserts that the
     GPU's free memory went up, which other runs' allocations at that moment break (2 of 7 runs sharing
     an H200 died of it).
-    Rollout log-probs come for one prompt in `logp_every` (generate: positions 0, N, 2N, ... of the
-    call; submit: every N-th submitted; the others get None): vLLM's per-token log-prob bookkeeping is
-    Python work on every step (`python -m bench.rollout --gpu`, six runs on H100s: one in 8 made 1.06x
-    the tokens/s of all).
+    Rollout log-probs come for one prompt in `logp_every` (generate, which is submit + poll:
+    positions 0, N, 2N, ... of the call; submit: every N-th submitted; the others get None): vLLM's
+    per-token log-prob bookkeeping is Python work on every step (`python -m bench.rollout --gpu`, six
+    runs on H100s: one in 8 made 1.06x the tokens/s of all).
     """
 
     name, tears_down_dist = "vllm", True
@@ -317,44 +317,31 @@ class VLLMEngine(Engine):
             )
             self.llm.reset_prefix_cache()
 
-    def _params(self, temperature, top_p, max_tokens, logprobs, **kw):
-        return self.SamplingParams(
-            temperature=temperature,
-            top_p=top_p,
-            max_tokens=max_tokens,
-            stop_token_ids=[self.eos],
-            detokenize=False,
-            **kw,
-            **(dict(logprobs=0, flat_logprobs=True) if logprobs else {}),
-        )
-
     @staticmethod
     def _result(o):  # flat log-probs: plain lists, the sampled token's entry first at each position
         c, lp = o.outputs[0], o.outputs[0].logprobs
         return list(c.token_ids), None if lp is None else [lp.logprobs[i] for i in lp.start_indices]
 
     def generate(self, prompts, temperature=1.0, top_p=1.0, max_tokens=16):
-        with_lp, bare = (self._params(temperature, top_p, max_tokens, lp) for lp in (True, False))
-        params = (
-            with_lp
-            if self.logp_every == 1
-            else [with_lp if i % self.logp_every == 0 else bare for i in range(len(prompts))]
-        )
-        with self._threads():
-            outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-        return [self._result(o) for o in outs]
+        """One batch through submit / poll: log-probs for positions 0, N, 2N, ... of the call."""
+        for i, p in enumerate(prompts):
+            self.submit(i, p, temperature, top_p, max_tokens, logprobs=i % self.logp_every == 0)
+        done = {k: (ids, lps) for k, ids, lps in self.poll(wait_all=True)}
+        return [done[i] for i in range(len(prompts))]
 
     @property
     def pending(self):
         return len(self.keys)
 
-    def submit(self, key, prompt, temperature=1.0, top_p=1.0, max_tokens=16):
+    def submit(self, key, prompt, temperature=1.0, top_p=1.0, max_tokens=16, logprobs=None):
+        """Queue one prompt; logprobs None: for every logp_every-th prompt submitted."""
         rid, self.submitted = str(self.submitted), self.submitted + 1
         self.keys[rid] = key
-        # FINAL_ONLY: a step returns only the requests it finished (not every running one, as generate's)
-        params = self._params(
-            temperature, top_p, max_tokens, int(rid) % self.logp_every == 0, output_kind=self.final_only
-        )
+        lp = int(rid) % self.logp_every == 0 if logprobs is None else logprobs
+        # FINAL_ONLY: a step returns only the requests it finished (not every running one)
+        kw = dict(logprobs=0, flat_logprobs=True) if lp else {}
+        kw.update(temperature=temperature, top_p=top_p, max_tokens=max_tokens, stop_token_ids=[self.eos])
+        params = self.SamplingParams(**kw, detokenize=False, output_kind=self.final_only)
         self.llm.llm_engine.add_request(rid, {"prompt_token_ids": prompt}, params)
 
     def poll(self, wait_all=False):
