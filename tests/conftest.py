@@ -9,6 +9,8 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 torch.set_num_threads(2)
+# a train.py run of a few seconds: 2 x 2 envs, the transformers engine, an eval of 2 at every iteration
+SMALL_RUN = "--n_groups 2 --group_size 2 --eval_episodes 2 --engine hf --eval_every 1 --mini_batch 8".split()
 
 
 @pytest.fixture(scope="session")
@@ -36,27 +38,12 @@ def train_tiny(tmp_path):
                 "tiny",
                 "--env_args",
                 env_args,
-                "--n_groups",
-                "2",
-                "--group_size",
-                "2",
-                "--iterations",
-                "1",
-                "--eval_every",
-                "1",
-                "--eval_episodes",
-                "4",
-                "--max_response_tokens",
+                *(
+                    "--n_groups 2 --group_size 2 --iterations 1 --eval_every 1 --eval_episodes 4 "
+                    "--max_response_tokens"
+                ).split(),
                 str(max_tokens),
-                "--memory",
-                "none",
-                "--mini_batch",
-                "16",
-                "--engine",
-                "hf",
-                "--threads",
-                "1",
-                "--out_dir",
+                *"--memory none --mini_batch 16 --engine hf --threads 1 --out_dir".split(),
                 str(out),
             ],
             cwd=ROOT,

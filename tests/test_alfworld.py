@@ -360,27 +360,10 @@ def test_train_one_iteration_then_eval_only(data_dir, tmp_path):
     out = tmp_path / "run"
     env = {**os.environ, "ALFWORLD_DATA": data_dir, "PYTHONPATH": ROOT}
     args = [
-        "--env",
-        "alfworld",
-        "--model",
-        "tiny",
-        "--n_groups",
-        "2",
-        "--group_size",
-        "2",
-        "--iterations",
-        "1",
-        "--eval_every",
-        "1",
-        "--eval_episodes",
-        "1",
-        "--max_response_tokens",
-        "4",
-        "--mini_batch",
-        "16",
-        "--env_workers",
-        "2",
-        "--out_dir",
+        *(
+            "--env alfworld --model tiny --n_groups 2 --group_size 2 --iterations 1 --eval_every 1 "
+            "--eval_episodes 1 --max_response_tokens 4 --mini_batch 16 --env_workers 2 --out_dir"
+        ).split(),
         str(out),
     ]
     t0 = time.time()
@@ -414,26 +397,12 @@ def test_train_one_iteration_then_eval_only(data_dir, tmp_path):
     r = subprocess.run(
         [
             sys.executable,
-            "train.py",
-            "--env",
-            "alfworld",
-            "--eval_only",
-            "1",
-            "--model",
+            *"train.py --env alfworld --eval_only 1 --model".split(),
             str(out / "model"),
-            "--eval_sets",
-            "valid_unseen",
-            "--eval_episodes",
-            "1",
-            "--max_response_tokens",
-            "4",
-            "--env_workers",
-            "0",
-            "--n_groups",
-            "1",
-            "--group_size",
-            "2",
-            "--out_dir",
+            *(
+                "--eval_sets valid_unseen --eval_episodes 1 --max_response_tokens 4 --env_workers 0 "
+                "--n_groups 1 --group_size 2 --out_dir"
+            ).split(),
             str(tmp_path / "eval"),
         ],  # not the repository's out/, which may hold a run
         cwd=ROOT,
@@ -502,12 +471,7 @@ def test_bc_collects_expert_steps_and_cloning_lowers_the_loss(data_dir, tiny_mod
         [
             "--collect",
             str(tmp_path / "bc-{prompt}.jsonl"),
-            "--games",
-            "2",
-            "--prompt",
-            "tagged",
-            "choice",
-            "--data_dir",
+            *"--games 2 --prompt tagged choice --data_dir".split(),
             data_dir,
         ]
     )
@@ -538,14 +502,7 @@ def test_bc_collects_expert_steps_and_cloning_lowers_the_loss(data_dir, tiny_mod
             str(tmp_path / "tiny"),
             "--out",
             str(out),
-            "--steps",
-            "30",
-            "--batch",
-            "4",
-            "--lr",
-            "1e-2",
-            "--device",
-            "cpu",
+            *"--steps 30 --batch 4 --lr 1e-2 --device cpu".split(),
         ]
     )
     assert len(losses) == 30 and sum(losses[-5:]) / 5 < 0.5 * losses[0]

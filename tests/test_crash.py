@@ -14,25 +14,13 @@ import time
 
 import pytest
 import torch
+from conftest import SMALL_RUN
 
 import checkpoint
 import train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ARGS = [
-    "--n_groups",
-    "2",
-    "--group_size",
-    "2",
-    "--eval_episodes",
-    "2",
-    "--engine",
-    "hf",
-    "--eval_every",
-    "1",
-    "--mini_batch",
-    "8",
-]
+ARGS = SMALL_RUN
 
 
 class Killed(BaseException):

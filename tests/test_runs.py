@@ -14,29 +14,13 @@ import time
 
 import pytest
 import torch
+from conftest import SMALL_RUN
 
 import records
 import train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ARGS = [
-    "--n_groups",
-    "2",
-    "--group_size",
-    "2",
-    "--eval_episodes",
-    "2",
-    "--engine",
-    "hf",
-    "--eval_every",
-    "1",
-    "--mini_batch",
-    "8",
-    "--threads",
-    "1",
-    "--metrics",
-    "all",
-]  # all: the lr test reads "lr"
+ARGS = [*SMALL_RUN, "--metrics", "all"]  # all: the lr test reads "lr"
 
 
 @pytest.fixture(scope="module")
@@ -231,12 +215,7 @@ def test_a_real_full_disk_mid_save_is_one_line(tmp_path):
     script = 'mount -t tmpfs -o size=3500k tmpfs "$0" && exec "$@"'
     r = subprocess.run(
         [
-            "unshare",
-            "--user",
-            "--map-root-user",
-            "--mount",
-            "sh",
-            "-c",
+            *"unshare --user --map-root-user --mount sh -c".split(),
             script,
             str(disk),
             sys.executable,

@@ -7,6 +7,7 @@ import types
 
 import pytest
 import torch
+from conftest import SMALL_RUN
 
 from tiny import is_tiny
 
@@ -135,15 +136,7 @@ def test_bad_flag_never_empties_an_existing_log(tmp_path, flag):
         train.main(
             [
                 *flag,
-                "--engine",
-                "hf",
-                "--n_groups",
-                "2",
-                "--group_size",
-                "2",
-                "--eval_episodes",
-                "2",
-                "--out_dir",
+                *"--engine hf --n_groups 2 --group_size 2 --eval_episodes 2 --out_dir".split(),
                 str(tmp_path),
             ]
         )
@@ -527,15 +520,7 @@ def test_nan_reward_is_one_line(tmp_path, monkeypatch):
     with pytest.raises(SystemExit, match="iteration 1: NaN/inf reward"):
         train.main(
             [
-                "--iterations",
-                "1",
-                "--n_groups",
-                "2",
-                "--group_size",
-                "2",
-                "--eval_episodes",
-                "2",
-                "--out_dir",
+                *"--iterations 1 --n_groups 2 --group_size 2 --eval_episodes 2 --out_dir".split(),
                 str(tmp_path),
             ]
         )
@@ -568,19 +553,10 @@ def test_dead_worker_episodes_are_neither_trained_on_nor_counted(tmp_path, monke
     monkeypatch.setattr(train, "update", update)
     train.main(
         [
-            "--iterations",
-            "1",
-            "--n_groups",
-            "2",
-            "--group_size",
-            "2",
-            "--eval_episodes",
-            "2",
-            "--engine",
-            "hf",
-            "--metrics",
-            "all",
-            "--out_dir",
+            *(
+                "--iterations 1 --n_groups 2 --group_size 2 --eval_episodes 2 --engine hf --metrics all "
+                "--out_dir"
+            ).split(),
             str(tmp_path),
         ]
     )  # in-process envs: all
@@ -598,20 +574,10 @@ def test_episodes_on_disk_and_wandb_offline(tmp_path):
     r = subprocess.run(
         [
             sys.executable,
-            "train.py",
-            "--iterations",
-            "2",
-            "--eval_every",
-            "1",
-            "--n_groups",
-            "4",
-            "--group_size",
-            "4",
-            "--eval_episodes",
-            "16",
-            "--wandb",
-            "1",
-            "--out_dir",
+            *(
+                "train.py --iterations 2 --eval_every 1 --n_groups 4 --group_size 4 --eval_episodes 16 "
+                "--wandb 1 --out_dir"
+            ).split(),
             str(out),
         ],
         cwd=ROOT,
@@ -701,22 +667,6 @@ def test_episode_log_on_resume_keeps_the_checkpointed_iterations(tmp_path):
 
 
 # ---- the paper's baselines and verl-agent's other estimators: PPO's critic, REINFORCE++, GSPO, DAPO ----
-SMALL_RUN = [
-    "--n_groups",
-    "2",
-    "--group_size",
-    "2",
-    "--eval_episodes",
-    "2",
-    "--engine",
-    "hf",
-    "--eval_every",
-    "1",
-    "--mini_batch",
-    "8",
-    "--threads",
-    "1",
-]
 
 
 def test_critic_reads_the_last_prompt_token_and_its_loss_falls():
@@ -959,16 +909,9 @@ def test_dynamic_sampling_trains_on_the_groups_whose_scores_differ(tmp_path, mon
     monkeypatch.setattr(train, "update", update)
     args = [
         *SMALL_RUN,
-        "--n_groups",
-        "8",
-        "--algo",
-        "grpo",
-        "--dynamic_sampling",
-        "1",
-        "--env_args",
-        "progress=0,max_steps=2",
-        "--iterations",
-        "3",
+        *(
+            "--n_groups 8 --algo grpo --dynamic_sampling 1 --env_args progress=0,max_steps=2 --iterations 3"
+        ).split(),
     ]
     train.main([*args, "--out_dir", str(tmp_path / "some")])
     rows = [json.loads(line) for line in open(tmp_path / "some" / "metrics.jsonl")]
@@ -994,25 +937,10 @@ def test_bench_iteration_reports_every_iteration_and_the_last_as_steady_state(tm
     r = subprocess.run(
         [
             sys.executable,
-            "-m",
-            "bench.iteration",
-            "--shape",
-            "tiny",
-            "--env",
-            "treasure",
-            "--engine",
-            "hf",
-            "--n_groups",
-            "2",
-            "--group_size",
-            "2",
-            "--env_workers",
-            "0",
-            "--max_response_tokens",
-            "8",
-            "--iterations",
-            "2",
-            "--out",
+            *(
+                "-m bench.iteration --shape tiny --env treasure --engine hf --n_groups 2 --group_size 2 "
+                "--env_workers 0 --max_response_tokens 8 --iterations 2 --out"
+            ).split(),
             str(tmp_path),
             "--json",
             str(out),
