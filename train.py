@@ -24,7 +24,6 @@ Below main: the helpers of its sections, then the command line (parse_args; its 
 """
 
 import contextlib
-import copy
 import dataclasses
 import json
 import math
@@ -51,26 +50,22 @@ from checkpoint import (
     open_metrics_log,
     save,
 )
-from checks import check_config, fail, first_line
-from engine import LOGP_EVERY, make_engine
+from checks import check_config, fail
 from envs import GroupedEnvs, parse_env_args
 from evaluate import HELD_OUT, eval_plan, eval_what, evaluate, headline, random_policy_success, success_text
 from fsdp import (
-    PACKED_ATTN,
-    add_lora,
     all_finite,
     all_gather,
     all_reduce,
-    attn_implementation,
     balance_tokens,
     dist_on,
     finish_dist,
     full_parameters,
     setup_dist,
-    shard,
 )
 from memory import make_memory
-from ppo import Critic, logprobs, state_values, update
+from policy import build_engine, build_policy, load_model, make_critic, make_optimizer, stretch_note
+from ppo import logprobs, state_values, update
 from prompts import prompt_module
 from rollout import rollout
 from tiny import is_tiny
@@ -291,14 +286,6 @@ def held_out_envs(cfg, env_args):
     return None
 
 
-def make_critic(cfg, model, device):
-    """--algo ppo: a value head, outside the sharded model (ppo.py), saved and resumed with the
-    checkpoint; None for every other estimator."""
-    if cfg.algo != "ppo":
-        return None
-    return Critic(model.config.hidden_size, device, lambda head: make_optimizer(cfg, head, device))
-
-
 def resume(cfg, meta, model, opt, sched, rank, extra, engine, print0):
     """--resume 1: the checkpoint's weights, optimizer and RNG in, its weights pushed to the engine ->
     the iteration it holds. A changed --iterations stretches the cosine (one line says by how much)."""
@@ -398,15 +385,7 @@ def run_eval(cfg, tok, eval_envs, prompt, engine, it, episode_log):
 def evaluate_only(cfg, rank, device, eval_envs, prompt):
     """--eval_only: load --model, evaluate it as a run would (rank 0), print the result -> the headline."""
     model, tok = load_model(cfg, device)
-    engine = make_engine(
-        cfg.engine,
-        model,
-        tok,
-        kv_cache_mb=cfg.kv_cache_mb,
-        gpu_memory_utilization=cfg.gpu_memory_utilization,
-        compile=compiled(cfg, device),
-        logp_every=LOGP_EVERY,
-    )  # evaluation reads none: as few as a run asks for
+    engine = build_engine(cfg, model, tok, device)
     rates = evaluate(tok, cfg, eval_envs, prompt, engine) if rank == 0 else None
     if rank == 0:
         print(
@@ -420,17 +399,6 @@ def evaluate_only(cfg, rank, device, eval_envs, prompt):
     return rates and headline(rates)
 
 
-def compiled(cfg, device, engine=None):
-    """--compile 1 | 0 | auto -> whether to compile. auto: where vLLM generates on a GPU (given the
-    engine: the one built; before it: where one would be), and not with LoRA adapters. Compile won
-    every GPU measurement of the vLLM engine and the FSDP update; it was never measured with LoRA or
-    with `--engine hf` on a GPU, whose generate runs on the trainer's own layers."""
-    if cfg.compile != "auto":
-        return cfg.compile == "1"
-    vllm = cfg.engine != "hf" if engine is None else not engine.shares_layers
-    return device.type == "cuda" and vllm and not cfg.lora_rank
-
-
 def batch_arithmetic(cfg, world, envs):
     """The batch arithmetic, printed once: episodes, step samples, optimizer steps, micro-batches."""
     max_steps = getattr(envs.envs[0], "max_steps", None) if envs.workers == 0 else None
@@ -440,77 +408,6 @@ def batch_arithmetic(cfg, world, envs):
         f"rank(s); <= {max_steps or '?'} steps each -> <= {n_envs * (max_steps or 0) or '?'} step samples; "
         f"{cfg.mini_batch} samples/optimizer step in micro-batches of <= {cfg.micro_batch_tokens} tokens; "
         f"<= {cfg.max_response_tokens} response tokens/sample"
-    )
-
-
-def build_policy(cfg, device, world, print0):
-    """-> the model to train (with LoRA adapters under --lora_rank; sharded), its tokenizer, the frozen
-    KL reference, compiled alike (None without --kl_coef, or with LoRA: then the adapters are off),
-    the generation engine, the engine's own model copy where it has one (saved as model/), and
-    whether micro-batches are packed rows (varlen attention) rather than padded ones."""
-    model, tok = load_model(cfg, device)
-    packed = getattr(model.config, "_attn_implementation", "") in PACKED_ATTN
-    distributed = dist_on()
-    # sharded training weights: a transformers engine gets its own full copy (FSDP2 all-gathers on
-    # every forward, so generating from the sharded module would hang as soon as ranks play
-    # different numbers of steps)
-    copy_dtype = (torch.bfloat16 if device.type == "cuda" else torch.float32) if distributed else None
-    engine = make_engine(
-        cfg.engine,
-        model,
-        tok,
-        kv_cache_mb=cfg.kv_cache_mb,
-        gpu_memory_utilization=cfg.gpu_memory_utilization,
-        copy_dtype=copy_dtype,
-        compile=compiled(cfg, device),
-        logp_every=1 if cfg.tis_cap > 0 else LOGP_EVERY,
-    )
-    gen_model = engine.own_model
-    if cfg.lora_rank:  # after the engine is built from the plain model; the KL reference = adapters off
-        model = add_lora(model, cfg.lora_rank)
-    ref = copy.deepcopy(model).eval().requires_grad_(False) if cfg.kl_coef > 0 and not cfg.lora_rank else None
-    lora = (
-        f" ({sum(p.numel() for p in model.parameters() if p.requires_grad) / 1e6:.3f}M in LoRA adapters)"
-        if cfg.lora_rank
-        else ""
-    )
-    print0(
-        f"model: {cfg.model}, {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters{lora}, "
-        f"vocab {len(tok)}, device {device}{f', FSDP2 over {world} rank(s)' if distributed else ''}, "
-        f"engine {engine.name}"
-    )
-    compile_layers = compiled(cfg, device, engine)  # the policy's and the reference's alike
-    model = shard(model, device, cfg.grad_ckpt, compile_layers=compile_layers)
-    ref = shard(ref, device, compile_layers=compile_layers) if ref is not None else None
-    return model, tok, ref, engine, gen_model, packed
-
-
-def make_optimizer(cfg, model, device):
-    """AdamW on the trainable weights; the lr follows a cosine from --lr to --lr x --lr_min over the run."""
-    opt = torch.optim.AdamW(
-        [p for p in model.parameters() if p.requires_grad],
-        lr=cfg.lr,
-        weight_decay=cfg.weight_decay,
-        fused=device.type == "cuda",
-    )
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda it: lr_scale(it, cfg.iterations, cfg.lr_min))
-    return opt, sched
-
-
-def lr_scale(it, iterations, lr_min):
-    """The lr after `it` steps, as a share of --lr: a cosine from 1 to lr_min over `iterations`."""
-    return lr_min + (1 - lr_min) * 0.5 * (1 + math.cos(math.pi * min(it, iterations) / iterations))
-
-
-def stretch_note(cfg, before, start):
-    """--resume 1 with another --iterations: the cosine is over the new count from here on, so the
-    lr jumps (up when the run grows). Accepted on purpose (it is how a finished run trains on), and
-    said here, in one line."""
-    old, new = (cfg.lr * lr_scale(start, n, cfg.lr_min) for n in (before, cfg.iterations))
-    return (
-        f"note: --iterations {before} -> {cfg.iterations} stretches the cosine lr schedule over "
-        f"{cfg.iterations} iterations: iteration {start + 1} trains at lr {new:.3g}, {new / old:.2f}x the "
-        f'{old:.3g} of --iterations {before} (docs/training.md, "Checkpoints and crashes")'
     )
 
 
@@ -677,27 +574,6 @@ def parse_args(argv):
             fail(f"--{key} wants a {kind.__name__}, got {value!r}")
         i += 1
     return cfg
-
-
-def load_model(cfg, device):
-    if cfg.model == "tiny":
-        from tiny import build_tiny
-
-        model, tok = build_tiny(cfg.env, seed=cfg.seed, env_kwargs=parse_env_args(cfg.env, cfg.env_args))
-    else:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        # fp32 master weights (FSDP2 computes in bf16 on GPU); packed varlen attention on GPU (fsdp.py)
-        try:
-            tok = AutoTokenizer.from_pretrained(cfg.model)
-            model = AutoModelForCausalLM.from_pretrained(
-                cfg.model, dtype=torch.float32, attn_implementation=attn_implementation(device)
-            )
-        except (OSError, ValueError) as e:  # e.g. a folder with a config but no weights or tokenizer
-            fail(f"--model {cfg.model}: {first_line(e)}")
-        if tok.pad_token_id is None:
-            tok.pad_token = tok.eos_token
-    return model.to(device), tok
 
 
 def _interrupt(signum, frame):

@@ -9,6 +9,7 @@ import pytest
 import torch
 from conftest import SMALL_RUN
 
+import policy
 from tiny import is_tiny
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -98,7 +99,7 @@ def test_compile_auto_is_on_only_where_vllm_generates_on_a_gpu():
     from engine import HFEngine
 
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
-    on = lambda args, device, engine=None: train.compiled(train.parse_args(args), device, engine)
+    on = lambda args, device, engine=None: policy.compiled(train.parse_args(args), device, engine)
     assert train.Config().compile == "auto"
     assert on([], cuda) and on(["--engine", "vllm"], cuda) and not on([], cpu)
     assert not on(["--engine", "hf"], cuda) and not on(["--lora_rank", "8"], cuda)
@@ -115,12 +116,12 @@ def test_compile_reaches_the_kl_reference_too():
     import train
 
     cfg = train.parse_args(["--compile", "1", "--kl_coef", "0.01", "--engine", "hf", "--threads", "1"])
-    model, _, ref, *_ = train.build_policy(cfg, torch.device("cpu"), 1, lambda *a, **k: None)
+    model, _, ref, *_ = policy.build_policy(cfg, torch.device("cpu"), 1, lambda *a, **k: None)
     assert ref is not None and ref is not model
     for m in (model, ref):
         assert all(hasattr(layer.forward, "_torchdynamo_orig_callable") for layer in m.model.layers)
     cfg = train.parse_args(["--compile", "0", "--kl_coef", "0.01", "--engine", "hf", "--threads", "1"])
-    ref = train.build_policy(cfg, torch.device("cpu"), 1, lambda *a, **k: None)[2]
+    ref = policy.build_policy(cfg, torch.device("cpu"), 1, lambda *a, **k: None)[2]
     assert not any(hasattr(layer.forward, "_torchdynamo_orig_callable") for layer in ref.model.layers)
 
 
@@ -687,7 +688,7 @@ def test_critic_reads_the_last_prompt_token_and_its_loss_falls():
     model, tok = build_tiny("treasure", seed=0)
     samples, _ = fixed_batch(16)
     cfg = train.Config(algo="ppo", lr=1e-2, mini_batch=16, micro_batch_tokens=64)
-    critic = ppo.Critic(model.config.hidden_size, cpu, lambda head: train.make_optimizer(cfg, head, cpu))
+    critic = ppo.Critic(model.config.hidden_size, cpu, lambda head: policy.make_optimizer(cfg, head, cpu))
     assert not critic.head.weight.any()  # zero-initialised: V = 0 everywhere
     with torch.no_grad():
         torch.nn.init.normal_(critic.head.weight)  # any head, to compare the layouts
@@ -706,7 +707,7 @@ def test_critic_reads_the_last_prompt_token_and_its_loss_falls():
         )
         torch.nn.init.zeros_(critic.head.weight)
     assert torch.allclose(padded, alone, atol=1e-5) and torch.allclose(packed, alone, atol=1e-5)
-    opt, sched = train.make_optimizer(cfg, model, cpu)
+    opt, sched = policy.make_optimizer(cfg, model, cpu)
     lp = dict(cfg=cfg, device=cpu, pad_id=tok.pad_token_id, packed=False)
     returns, losses = np.linspace(-1, 1, len(samples)), []
     for _ in range(25):
