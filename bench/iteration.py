@@ -164,8 +164,10 @@ def main():
     ]
     cfg = train.parse_args(argv)  # a bad flag stops here, in one line that names it
     t0 = time.perf_counter()
+    # the model's name in the report: the folder's for --model_dir, else the shape
+    name = os.path.basename(os.path.normpath(model_dir)) if args.model_dir else args.shape
     if args.model_dir:
-        args.shape, n_params = os.path.basename(os.path.normpath(model_dir)), count_parameters(model_dir)
+        n_params = count_parameters(model_dir)
     else:
         n_params = make_model_dir(args.shape, cfg, model_dir)
         print(
@@ -202,7 +204,7 @@ def main():
         "time_logprobs",
     )
     res = {
-        "shape": args.shape,
+        "shape": name,
         "params": n_params,
         "argv": argv,
         "start_up_s": start_up,
@@ -211,7 +213,7 @@ def main():
     }
     print("(no model was saved, whatever train.py's last lines say: the bench leaves the checkpoint out)")
     print(
-        f"\n{len(lines)} iteration(s) of python train.py {' '.join(argv)} (model {args.shape}); "
+        f"\n{len(lines)} iteration(s) of python train.py {' '.join(argv)} (model {name}); "
         f"train.py's set-up (and teardown) around them {start_up:.0f} s"
     )
     print(
