@@ -8,13 +8,17 @@ response is never decoded and re-encoded for training (decoding is only to read 
 Two schedules, the same samples: lockstep (each step, the prompts of all active envs go to the engine
 as ONE batch, then all envs step) and overlap (--overlap, with env workers: an action goes to its worker
 as soon as its reply is done, the env's next prompt to the engine as soon as its step returns, so env
-steps hide behind the generation of other envs' replies).
+steps hide behind the generation of other envs' replies). Under overlap the prompts that are ready
+join the engine together, once WAVE of the envs have one or the engine would idle: one prompt joining
+at each engine step made most steps mixed prefill + decode, which vLLM runs slower than decode alone.
 """
 
 import time
 from dataclasses import dataclass
 
 from tqdm import tqdm
+
+WAVE = 1 / 8  # overlap: share of the envs whose prompts join the engine together (0: each at once)
 
 
 @dataclass
@@ -89,9 +93,12 @@ def rollout(envs, engine, tokenizer, prompt, memories, group_seeds, temperature,
             asked[i] = p_ids
             engine.submit(i, p_ids, temperature, top_p, max_tokens)
 
-    ask(range(len(obs)))
     stepping = {}  # env -> (prompt ids, response ids, log-probs, action, valid) while its env steps
-    while asked or stepping:
+    waiting, wave = list(range(len(obs))), max(1, round(WAVE * len(obs)))  # envs whose prompt waits
+    while asked or stepping or waiting:
+        if waiting and (len(waiting) >= wave or not asked):
+            ask(waiting)
+            waiting = []
         t0 = time.perf_counter()
         replies = engine.poll(wait_all=not overlap) if asked else []
         timing["gen"] += time.perf_counter() - t0
@@ -134,7 +141,7 @@ def rollout(envs, engine, tokenizer, prompt, memories, group_seeds, temperature,
             ep["worker_died"] = bool(info.get("worker_died"))  # cut short by a dead env worker
             obs[i], infos[i], steps[i] = new_obs, info, steps[i] + 1
             bar.update()
-        ask([i for i, (_, _, term, trunc, _) in results.items() if not (term or trunc)])
+        waiting += [i for i, (_, _, term, trunc, _) in results.items() if not (term or trunc)]
         if desc:
             bar.set_postfix(
                 active=len(asked) + len(stepping), won=sum(e["won"] for e in episodes), refresh=False

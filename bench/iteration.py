@@ -36,6 +36,7 @@ import time
 
 import torch
 
+import rollout
 import train
 from bench.update import SHAPES
 from envs import parse_env_args
@@ -138,7 +139,14 @@ def main():
         help="train.py iterations; the first carries compile's "
         "warm-up, the last is reported as the steady state",
     )
+    ap.add_argument(
+        "--wave",
+        type=float,
+        default=rollout.WAVE,
+        help="under --overlap: the share of the envs whose prompts join the engine together (rollout.WAVE)",
+    )
     args, rest = ap.parse_known_args()
+    rollout.WAVE = args.wave
     model_dir, out_dir = (
         args.model_dir or os.path.join(args.out, f"model-{args.shape}"),
         os.path.join(args.out, "run"),
@@ -207,6 +215,7 @@ def main():
         "shape": name,
         "params": n_params,
         "argv": argv,
+        "wave": args.wave,
         "start_up_s": start_up,
         **{k: m.get(k) for k in keys},
         "per_iteration": [{k: x.get(k) for k in keys} for x in lines],

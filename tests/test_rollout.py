@@ -4,6 +4,7 @@ import os
 import pytest
 import torch
 
+import rollout as rollout_module
 from engine import Engine, HFEngine
 from envs import GroupedEnvs
 from memory import make_memory
@@ -175,10 +176,11 @@ class OneAtATime(Engine):
     rollout must then step envs while others still wait for the engine."""
 
     def __init__(self, engine):
-        self.engine, self.max_len, self.done, self.polls = engine, engine.max_len, [], 0
+        self.engine, self.max_len, self.done, self.polls, self.joins = engine, engine.max_len, [], 0, 0
 
     def poll(self, wait_all=False):
         self.polls += 1
+        self.joins += bool(self.queue)  # polls at which new prompts joined the engine
         self.done += super().poll()  # every queued prompt, generated in one batch by the inner engine
         if wait_all:
             out, self.done = self.done, []
@@ -226,20 +228,28 @@ def fields(samples):
     ]
 
 
-def test_overlapped_rollout_yields_the_lockstep_samples(tiny_model):
+@pytest.mark.parametrize("wave", [0, 0.5])
+def test_overlapped_rollout_yields_the_lockstep_samples(tiny_model, monkeypatch, wave):
     """--overlap: env workers step some envs while the engine generates for others; with the same
     seeds the samples (ids, rewards, groups, anchors, order) and episodes are those of the lockstep
     schedule, for the tiny model greedy and for an engine that finishes one reply per poll (so envs
-    really step between generations)."""
+    really step between generations), whether each prompt joins the engine at once (wave 0) or
+    prompts wait to join in waves of half the envs."""
     model, tok = tiny_model
     lock, lock_eps, _ = play(model, tok, overlap=False)
     assert len({s.step for s in lock}) > 1
+    monkeypatch.setattr(rollout_module, "WAVE", wave)
     for engine in (None, OneAtATime(HFEngine(model, tok))):
         over, over_eps, timing = play(model, tok, overlap=True, engine=engine)
         assert fields(over) == fields(lock)
         assert all(abs(a - b) < 1e-5 for x, y in zip(over, lock) for a, b in zip(x.logprobs, y.logprobs))
         assert over_eps == lock_eps and set(timing) == {"gen", "env", "other"}
     assert engine.polls >= len(lock)  # one reply per poll: every sample was generated on its own
+    steps = len({s.step for s in lock})
+    if wave:  # prompts joined in waves: ~2 joins a step (of 6 envs, 3 at a time), not one per prompt
+        assert engine.joins <= 2 * steps + 1 < len(lock)
+    else:
+        assert engine.joins > 2 * steps + 1
 
 
 def test_overlapped_rollout_survives_a_dead_worker(tiny_model):
