@@ -172,6 +172,8 @@ PRESETS = {
         eval_episodes=140,
         micro_batch_tokens=16384,
     ),
+    # WebShop and Search-R1: the ALFWorld setup's prompt shape
+    **{env: dict(memory="window", memory_k=2, max_response_tokens=512) for env in ("webshop", "search")},
 }
 TOP_P = 1.0  # rollout nucleus sampling: off, the whole distribution (paper: 1.0)
 

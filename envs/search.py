@@ -43,7 +43,6 @@ INVALID = (
 )
 PUNCTUATION = set(string.punctuation)
 ACTION = re.compile(r"<(search|answer)>(.*?)</\1>", re.DOTALL)
-TRAIN_DEFAULTS = {"memory": "window", "memory_k": 2, "max_response_tokens": 512}  # as the ALFWorld setup
 TINY_CORPUS_EPISODES = 100
 
 

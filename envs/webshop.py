@@ -42,7 +42,6 @@ from envs import TextSpace, test_set
 from envs.search import BM25
 
 PER_PAGE, TOP_N = 10, 50
-TRAIN_DEFAULTS = {"memory": "window", "memory_k": 2, "max_response_tokens": 512}  # as the ALFWorld setup
 TINY_CORPUS_EPISODES = 20
 STOP = set("a an the and or of for to in on with by at from is are this that your you new set pack".split())
 

@@ -85,3 +85,13 @@ def test_evaluate_writes_the_env_and_the_seeds_it_played(tmp_path, monkeypatch):
     saved = json.load(open(tmp_path / "eval.json"))
     assert saved["env"] == "keydoor" and saved["env_args"] == "size=6"
     assert saved["seeds"] == {"held-out": [evaluate.HELD_OUT, evaluate.HELD_OUT + 1]}
+
+
+@pytest.mark.parametrize("env", ["webshop", "search"])
+def test_the_web_envs_preset_applies_and_flags_override_it(env):
+    """--env webshop|search sets window memory (k = 2) and 512 response tokens, as docs/envs.md says
+    (they were once written in the env modules and never read); a flag still wins."""
+    cfg = train.parse_args(["--env", env])
+    assert (cfg.memory, cfg.memory_k, cfg.max_response_tokens) == ("window", 2, 512)
+    assert train.parse_args(["--env", env, "--max_response_tokens", "8"]).max_response_tokens == 8
+    assert train.parse_args(["--env", "treasure"]).max_response_tokens != 512
