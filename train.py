@@ -81,7 +81,7 @@ class Config:
     n_groups: int = 32  # episode groups per iteration (paper: 16)
     group_size: int = 8  # envs per group, all started from the same seed (paper: 8)
     env_workers: int = 0  # env worker processes; 0 = step in-process (fine for the toy game)
-    overlap: bool = False  # with env workers: step envs while the engine generates (slower so far: docs)
+    overlap: bool = False  # with env workers: step envs while the engine generates (no gain so far: docs)
     # model and generation
     model: str = "tiny"  # "tiny" = built here from scratch (tiny.py), or an HF name/path
     prompt: str = ""  # a prompt variant of prompts/<env>.py (build_NAME), e.g. "choice" (ALFWorld:
