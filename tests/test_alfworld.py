@@ -515,3 +515,60 @@ def test_bc_collects_expert_steps_and_cloning_lowers_the_loss(data_dir, tiny_mod
         bc.main(
             ["--collect", str(tmp_path / "x.jsonl"), "--prompt", "tagged", "choice", "--data_dir", data_dir]
         )
+
+
+def test_pair_plays_a_replicate_end_to_end_and_pools_replicates(data_dir, tiny_model, tmp_path, monkeypatch):
+    """bench.pair with the tiny model on CPU: the expert's steps of 2 games over 2 processes, a 4-step
+    clone, its eval, GiGPO and GRPO side by side for one iteration, the paired tables; a second run
+    finds every stage done; --report pools two replicates, game by game and across replicates."""
+    from bench import pair
+
+    model, tok = tiny_model
+    model.save_pretrained(tmp_path / "tiny")
+    tok.save_pretrained(tmp_path / "tiny")
+    monkeypatch.setenv("ALFWORLD_DATA", data_dir)
+    small = [
+        "--bc_flags=--steps 4 --batch 2 --device cpu",
+        *"--games 2 --procs 2 --engine hf --env_workers 0 --max_response_tokens 4 --eval_episodes 2".split(),
+        *"--iterations 1 --n_groups 1 --group_size 2 --env_args max_steps=2 --threads 1".split(),
+    ]
+    for rep in ("r1", "r2"):
+        pair.main(["--model", str(tmp_path / "tiny"), "--out", str(tmp_path / rep), *small])
+    out = tmp_path / "r1"
+    rows = [json.loads(line) for line in open(out / "bc.jsonl")]
+    assert len({r["game"] for r in rows}) == 2 and not list(out.glob("bc.jsonl.*"))
+    md = (out / "pair.md").read_text()
+    assert md.count("| valid_seen |") == 3 and md.count("| valid_unseen |") == 3  # 3 pairs x 2 splits
+    for arm in ("gigpo", "grpo"):
+        ev = json.load(open(out / arm / "eval.json"))
+        assert ev["iteration"] == 1 and len(ev["games"]["valid_seen"]) == 2
+    stamp = (out / "gigpo" / "eval.json").stat().st_mtime
+    pair.main(["--model", str(tmp_path / "tiny"), "--out", str(out), *small])  # every stage is done
+    assert (out / "gigpo" / "eval.json").stat().st_mtime == stamp
+    text = pair.main(["--report", str(out), str(tmp_path / "r2")])
+    assert text.count("| valid_seen |") == 3 and "| valid_seen | 4 |" in text  # 2 rows + 4 games pooled
+    assert text.count(" of 2 replicates") == 2  # the sign test across replicates, per split
+
+
+def test_pair_report_pools_games_and_replicates(tmp_path):
+    """bench.pair --report on two made-up replicates of 4 games: gains per replicate, the sign test on
+    every replicate's games in one list (also by task type), and across replicates."""
+    from bench import pair
+
+    wins = {  # replicate -> run -> valid_seen games won
+        "r1": {"clone_eval": [0, 0, 0, 0], "gigpo": [1, 1, 0, 0], "grpo": [0, 0, 0, 1]},
+        "r2": {"clone_eval": [0, 1, 0, 0], "gigpo": [1, 1, 1, 0], "grpo": [0, 1, 0, 0]},
+    }
+    for rep, runs in wins.items():
+        for run, games in runs.items():
+            (tmp_path / rep / run).mkdir(parents=True)
+            ev = {"games": {"valid_seen": games}, "rates": {"valid_seen": sum(games) / 4}, "iteration": 7}
+            ev["types"] = {"valid_seen": ["pick", "pick", "cool", "cool"]}
+            json.dump(ev, open(tmp_path / rep / run / "eval.json", "w"))
+    text = pair.main(["--report", str(tmp_path / "r1"), str(tmp_path / "r2")])
+    assert "| valid_seen | 7/7 | 0.000 | 0.500 | 0.250 | +0.500 | +0.250 |" in text
+    assert "| valid_seen | 7/7 | 0.250 | 0.750 | 0.250 | +0.500 | +0.000 |" in text
+    # pooled: gigpo alone won 4 games against the clone (p = 2/16); against gigpo, grpo alone won 1 of 5
+    assert "| valid_seen | 8 | 4 / 0, p 0.125 | 1 / 0, p 1.000 | 1 / 4, p 0.375 |" in text
+    assert "| valid_seen/pick | 4 | 3 / 0, p 0.250 |" in text
+    assert "gigpo's gain above grpo's in 2 of 2 replicates, below in 0, sign test p 0.500" in text
