@@ -105,6 +105,12 @@ def replicate(args, extra):
         if os.path.exists(os.path.join(evals[arm], "eval.json")):
             continue
         resume = ["--resume", "1"] if os.path.exists(os.path.join(evals[arm], "ckpt")) else []
+        if os.path.exists(evals[arm]) and not resume:  # an arm cut short before its checkpoint: kept aside
+            kept = next(
+                f"{evals[arm]}.cut{k}" for k in range(1, 1000) if not os.path.exists(f"{evals[arm]}.cut{k}")
+            )
+            os.rename(evals[arm], kept)
+            print(f"{arm}: a run cut short before its checkpoint is kept in {kept}; starting it again")
         cmd = ["train.py", "--env", "alfworld", "--model", clone, "--algo", arm, "--out_dir", evals[arm]]
         limit = ["--time_limit", f"{minutes:.2f}"] if minutes else []
         procs[arm] = run(
@@ -164,13 +170,13 @@ def report(dirs, arms=ARMS):
                             games[k].append(ev[k]["games"][s][i])
             cells = ["{} / {}, p {:.3f}".format(*evaluate.paired(games[y], games[x])) for x, y in pairs]
             pooled.append([s if t is None else f"{s}/{t}", len(games["clone_eval"]), *cells])
-    across = [
-        "{}: {}'s gain above {}'s in {} of {} replicates, below in {}, sign test p {:.3f}".format(
-            s, *arms, (c := evaluate.paired(gains[s][arms[0]], gains[s][arms[1]]))[0], len(dirs), *c[1:]
+    across = []  # one gain difference per replicate and split
+    for s in splits[: len(splits) * (len(arms) == 2)]:
+        above, below, p = evaluate.paired(gains[s][arms[0]], gains[s][arms[1]])
+        across.append(
+            f"{s}: {arms[0]}'s gain above {arms[1]}'s in {above} of {len(dirs)} replicates, below in "
+            f"{below}, sign test p {p:.3f}"
         )
-        for s in splits
-        if len(arms) == 2
-    ]
     head = ["replicate", "split", "iterations", "clone", *arms, *(f"{a} gain" for a in arms)]
     lines = table(head, per_rep) + [
         "",

@@ -519,8 +519,9 @@ def test_bc_collects_expert_steps_and_cloning_lowers_the_loss(data_dir, tiny_mod
 
 def test_pair_plays_a_replicate_end_to_end_and_pools_replicates(data_dir, tiny_model, tmp_path, monkeypatch):
     """bench.pair with the tiny model on CPU: the expert's steps of 2 games over 2 processes, a 4-step
-    clone, its eval, GiGPO and GRPO side by side for one iteration, the paired tables; a second run
-    finds every stage done; --report pools two replicates, game by game and across replicates."""
+    clone, its eval, GiGPO and GRPO side by side for one iteration, the paired tables; an arm's folder
+    left by a run cut short is kept aside; a second run finds every stage done; --report pools two
+    replicates, game by game and across replicates."""
     from bench import pair
 
     model, tok = tiny_model
@@ -532,8 +533,12 @@ def test_pair_plays_a_replicate_end_to_end_and_pools_replicates(data_dir, tiny_m
         *"--games 2 --procs 2 --engine hf --env_workers 0 --max_response_tokens 4 --eval_episodes 2".split(),
         *"--iterations 1 --n_groups 1 --group_size 2 --env_args max_steps=2 --threads 1".split(),
     ]
+    cut = tmp_path / "r2" / "gigpo"  # an arm that died before its checkpoint: kept aside, run again
+    cut.mkdir(parents=True)
+    (cut / "metrics.jsonl").write_text('{"iteration": 1}\n')
     for rep in ("r1", "r2"):
         pair.main(["--model", str(tmp_path / "tiny"), "--out", str(tmp_path / rep), *small])
+    assert (tmp_path / "r2" / "gigpo.cut1" / "metrics.jsonl").exists()
     out = tmp_path / "r1"
     rows = [json.loads(line) for line in open(out / "bc.jsonl")]
     assert len({r["game"] for r in rows}) == 2 and not list(out.glob("bc.jsonl.*"))
