@@ -306,19 +306,23 @@ def collect(cfg, envs, engine, tok, prompt, it, rank, saved):
     disk, an env that cannot start) stops the run in one line."""
     local = envs.n_groups  # this rank's groups: rank * local + j
     memories = [make_memory(cfg.memory, cfg.memory_k or None) for _ in range(envs.n)]
-    seeds = [train_seed(cfg.seed, it, g, cfg.n_groups) for g in range(rank * local, (rank + 1) * local)]
+    seeds = lambda i: [
+        train_seed(cfg.seed, i, g, cfg.n_groups) for g in range(rank * local, (rank + 1) * local)
+    ]
     samples, episodes, timing = rollout(
         envs,
         engine,
         tok,
         prompt,
         memories,
-        seeds,
+        seeds(it),
         cfg.temperature,
         TOP_P,
         cfg.max_response_tokens,
         overlap=cfg.overlap,
     )
+    if it < cfg.iterations:  # the env workers load the next iteration's games while this one updates
+        envs.prefetch(seeds(it + 1))
     samples, episodes, n_dead = drop_dead_workers(samples, episodes)
     if all_reduce(len(episodes)) == 0:
         sys.exit(

@@ -39,7 +39,7 @@ import torch
 import rollout
 import train
 from bench.update import SHAPES
-from envs import parse_env_args
+from envs import GroupedEnvs, parse_env_args
 
 # Qwen2.5's template with its default system prompt (the tokens every step's prompt carries)
 CHATML = (
@@ -145,8 +145,16 @@ def main():
         default=rollout.WAVE,
         help="under --overlap: the share of the envs whose prompts join the engine together (rollout.WAVE)",
     )
+    ap.add_argument(
+        "--prefetch",
+        type=int,
+        default=1,
+        help="0: the env workers reset an iteration's games at its start, not during the update before it",
+    )
     args, rest = ap.parse_known_args()
     rollout.WAVE = args.wave
+    if not args.prefetch:
+        GroupedEnvs.prefetch = lambda self, group_seeds: None
     model_dir, out_dir = (
         args.model_dir or os.path.join(args.out, f"model-{args.shape}"),
         os.path.join(args.out, "run"),
@@ -216,6 +224,7 @@ def main():
         "params": n_params,
         "argv": argv,
         "wave": args.wave,
+        "prefetch": args.prefetch,
         "start_up_s": start_up,
         **{k: m.get(k) for k in keys},
         "per_iteration": [{k: x.get(k) for k in keys} for x in lines],

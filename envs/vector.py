@@ -3,7 +3,8 @@
 Envs step in-process (workers=0, fine for a toy game) or in `workers` processes, each owning a
 contiguous slice of envs; a command goes to every worker before any answer is read, so slow resets
 and steps overlap. step() waits for its results; send() starts steps and receive() collects those
-done, so the rollout can generate for some envs while others step (rollout.py). Reset checks that
+done, so the rollout can generate for some envs while others step (rollout.py); prefetch() starts
+the next reset, so the workers load the next games while the trainer updates. Reset checks that
 each group really starts from one state and fails loudly if not: a group with mixed starts silently
 breaks every group baseline.
 
@@ -46,6 +47,7 @@ class GroupedEnvs:
         self.workers = min(workers, self.n)
         self.last = [("", {})] * self.n  # last (obs, info) of each env: where a dead worker's episodes end
         self.restarts, self.ready, self.in_flight = 0, {}, []  # ready: steps done, not yet received
+        self.early = None  # a prefetched reset (prefetch), not yet collected
         if self.workers == 0:
             self.envs = [make_env(name, **env_kwargs) for _ in range(self.n)]
             return
@@ -90,24 +92,31 @@ class GroupedEnvs:
     def _worker_of(self, i):
         return next(w for w, (lo, hi) in enumerate(self.slices) if lo <= i < hi)
 
-    def _call(self, cmd, items):
-        """A reset: items: list of (env index, seed) -> results in the same order."""
-        if self.workers == 0:
-            return [self.envs[i].reset(a) for i, a in items]
+    def _reset_start(self, items):
+        """Send a reset to the workers: items: list of (env index, seed) -> what _reset_end reads."""
         per_worker = [[] for _ in self.slices]
         for k, (i, a) in enumerate(items):
             w = self._worker_of(i)
             per_worker[w].append((k, i - self.slices[w][0], a))
-        sent = {w: self._send(w, cmd, jobs) for w, jobs in enumerate(per_worker) if jobs}
+        return (
+            items,
+            per_worker,
+            {w: self._send(w, "reset", jobs) for w, jobs in enumerate(per_worker) if jobs},
+        )
+
+    def _reset_end(self, started):
+        """The results of a sent reset, in the order of its items (a dead worker is restarted and its
+        part of the reset sent once more)."""
+        items, per_worker, sent = started
         out = [None] * len(items)
         for w, jobs in enumerate(per_worker):
             if not jobs:
                 continue
             results = self._recv(w) if sent[w] else None
             if results is None:
-                self._restart(w, cmd, len(jobs))
+                self._restart(w, "reset", len(jobs))
                 # nothing has happened yet: try once more on the fresh worker
-                results = self._recv(w) if self._send(w, cmd, jobs) else None
+                results = self._recv(w) if self._send(w, "reset", jobs) else None
                 if results is None:
                     raise RuntimeError(f"env worker {w} died twice while resetting; see stderr")
             for (k, _, _), res in zip(jobs, results):
@@ -135,7 +144,16 @@ class GroupedEnvs:
         """group_seeds: one seed per group -> (list of obs, list of info), one per env."""
         if len(group_seeds) != self.n_groups:
             raise ValueError(f"reset needs {self.n_groups} group seeds, got {len(group_seeds)}")
-        res = self._call("reset", [(i, group_seeds[self.group_of(i)]) for i in range(self.n)])
+        items = [(i, group_seeds[self.group_of(i)]) for i in range(self.n)]
+        early, self.early = self.early, None
+        if self.workers == 0:
+            res = [self.envs[i].reset(seed) for i, seed in items]
+        elif early and early[0] == items:  # prefetched: the workers have (mostly) done it already
+            res = self._reset_end(early)
+        else:
+            if early:  # another reset was prefetched: read its results away
+                self._reset_end(early)
+            res = self._reset_end(self._reset_start(items))
         obs, infos = [r[0] for r in res], [r[1] for r in res]
         self.last = list(zip(obs, infos))
         for i in range(self.n):
@@ -146,6 +164,13 @@ class GroupedEnvs:
                     f"{first} from {obs[first]!r}; an env's reset must depend on the seed only"
                 )
         return obs, infos
+
+    def prefetch(self, group_seeds):
+        """Start the reset of these group seeds now and return at once, so the workers load the next
+        games while the trainer updates (train.py, after each rollout); reset() with the same seeds
+        then only collects it. In-process envs, or steps still in flight: nothing to do."""
+        if self.workers and not any(self.in_flight) and not self.early:
+            self.early = self._reset_start([(i, group_seeds[self.group_of(i)]) for i in range(self.n)])
 
     def step(self, actions):
         """actions: {env index: action str} for the active envs -> {index: (obs, r, term, trunc, info)}."""
@@ -205,3 +230,5 @@ class GroupedEnvs:
             except (BrokenPipeError, OSError):
                 pass
             p.join(timeout=5)
+            if p.is_alive():  # still loading a prefetched game, say
+                p.terminate()

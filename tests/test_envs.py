@@ -89,6 +89,24 @@ def test_grouped_envs_identical_starts(workers):
         envs.close()
 
 
+def test_a_prefetched_reset_is_the_reset_and_runs_before_it_is_asked():
+    """prefetch (train.py: the next iteration's games load during the update): the workers answer
+    before reset() is called, and reset() returns what a plain reset of those seeds does; a prefetch
+    of other seeds is read away, so the pipes stay in step for the reset and steps after it."""
+    envs, plain = (GroupedEnvs("treasure", n_groups=3, group_size=2, workers=2) for _ in range(2))
+    try:
+        envs.prefetch([5, 6, 7])
+        assert all(conn.poll(30) for conn in envs.conns)  # both workers have answered already
+        assert envs.reset([5, 6, 7]) == plain.reset([5, 6, 7])
+        envs.prefetch([8, 9, 10])
+        assert envs.reset([1, 2, 3]) == plain.reset([1, 2, 3])
+        assert envs.step({0: "up", 5: "left"}) == plain.step({0: "up", 5: "left"})
+        envs.prefetch([4, 4, 4])  # left pending: close() still ends the workers
+    finally:
+        envs.close(), plain.close()
+    assert not any(p.is_alive() for p in envs.procs)
+
+
 class Closing(TreasureHunt):
     closed = 0
 

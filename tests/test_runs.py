@@ -339,3 +339,16 @@ def test_sweep_refuses_an_out_that_holds_runs(tmp_path):
     (tmp_path / "sweep" / "a-s0" / "metrics.jsonl").write_text('{"iteration": 1}\n')
     r = sweep("--out", str(tmp_path / "sweep"), "--seeds", "0", "--run", "a=")
     assert r.returncode != 0 and r.stderr.strip().startswith("error: ") and "--report" in r.stderr, r.stderr
+
+
+def test_env_workers_and_their_prefetched_resets_train_as_in_process_envs(done_run, tmp_path):
+    """--env_workers 2 (the next iteration's games reset by the workers during the update,
+    GroupedEnvs.prefetch) trains on the samples in-process envs give: the same metrics, times aside."""
+    out = tmp_path / "workers"
+    train.main([*ARGS, "--iterations", "2", "--env_workers", "2", "--out_dir", str(out)])
+    rows = [[json.loads(line) for line in open(d / "metrics.jsonl")] for d in (done_run, out)]
+    untimed = [
+        [{k: v for k, v in r.items() if not k.startswith(("time", "wall")) and "per_s" not in k} for r in x]
+        for x in rows
+    ]
+    assert untimed[0] == untimed[1] and len(untimed[0]) == 2
