@@ -339,7 +339,7 @@ def update_policy(cfg, model, ref, opt, sched, critic, trained, adv, targets, lp
     with timer("update", device), timer("logprobs", device):  # time_logprobs: part of time_update
         old, ref_lp = logprobs(model, trained, **lp), None
         if cfg.kl_coef > 0:  # the frozen copy, or with LoRA the model itself with its adapters off
-            with model.disable_adapter() if cfg.lora_rank else contextlib.nullcontext():
+            with timer("ref", device), model.disable_adapter() if cfg.lora_rank else contextlib.nullcontext():
                 ref_lp = logprobs(model if ref is None else ref, trained, **lp)
     with timer("update", device):
         upd = update(
@@ -367,6 +367,7 @@ def metrics(cfg, it, batch, sched, stats, timing, timer, eval_rates, t_run):
             "time_rollout_other": timing["other"],
             "time_update": timer["update"],
             "time_logprobs": timer["logprobs"],
+            "time_ref_logprobs": timer.get("ref", 0.0),
             "time_sync": timer["sync"],
             "time_iteration": dt,
             "samples_per_s": summed["samples"] / dt,

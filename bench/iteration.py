@@ -218,6 +218,7 @@ def main():
         "mfu",
         "logp_gap",
         "time_logprobs",
+        "time_ref_logprobs",
     )
     res = {
         "shape": name,
@@ -238,15 +239,16 @@ def main():
         "| iteration | "
         + " | ".join(k[5:] for k in PHASES)
         + " | samples | prompt / response tokens per sample | "
-        "update tokens/s | MFU | of the update: log-probs / step |"
+        "update tokens/s | MFU | of the update: old log-probs / reference / step |"
     )
     print("|---" * (len(PHASES) + 6) + "|")
     for x in lines:
         mfu = f"{x['mfu']:.1%}" if x.get("mfu") is not None else "-"
+        ref, step = x.get("time_ref_logprobs") or 0.0, x["time_update"] - x["time_logprobs"]
         print(
             f"| {x['iteration']} | " + " | ".join(f"{x[k]:.1f}" for k in PHASES) + f" | {x['samples']:.0f} | "
             f"{x['prompt_tokens']:.0f} / {x['response_tokens']:.0f} | {x['update_tokens_per_s']:,.0f} | "
-            f"{mfu} | {x['time_logprobs']:.1f} / {x['time_update'] - x['time_logprobs']:.1f} |"
+            f"{mfu} | {x['time_logprobs'] - ref:.1f} / {ref:.1f} / {step:.1f} |"
         )
     phases = {k[5:]: m[k] for k in PHASES[:-1]}
     top = max(phases, key=phases.get)

@@ -933,14 +933,15 @@ def test_dynamic_sampling_trains_on_the_groups_whose_scores_differ(tmp_path, mon
 
 def test_bench_iteration_reports_every_iteration_and_the_last_as_steady_state(tmp_path):
     """bench.iteration (the GPU's headline timing) runs train.py for --iterations and reports each
-    one; the JSON's top level is the last iteration, the steady state a long run repeats."""
+    one, with the old and the KL reference's log-prob passes apart; the JSON's top level is the last
+    iteration, the steady state a long run repeats."""
     out = tmp_path / "it.json"
     r = subprocess.run(
         [
             sys.executable,
             *(
                 "-m bench.iteration --shape tiny --env treasure --engine hf --n_groups 2 --group_size 2 "
-                "--env_workers 0 --max_response_tokens 8 --iterations 2 --out"
+                "--env_workers 0 --max_response_tokens 8 --iterations 2 --kl_coef 0.01 --out"
             ).split(),
             str(tmp_path),
             "--json",
@@ -956,7 +957,7 @@ def test_bench_iteration_reports_every_iteration_and_the_last_as_steady_state(tm
     its = res["per_iteration"]
     assert len(its) == 2 and res["time_iteration"] == its[-1]["time_iteration"]
     for m in its:
-        assert 0 < m["time_logprobs"] < m["time_update"] < m["time_iteration"]
+        assert 0 < m["time_ref_logprobs"] < m["time_logprobs"] < m["time_update"] < m["time_iteration"]
         assert m["samples"] > 0 and m["response_tokens"] <= 8
     assert "steady state (iteration 2)" in r.stdout and "| 1 |" in r.stdout and "| 2 |" in r.stdout
     assert "--iterations 2" in r.stdout  # the train.py command it timed
