@@ -304,7 +304,8 @@ def check_resume(cfg):
             raise ValueError("no iteration, config or sched")
     except (ValueError, OSError, AttributeError) as e:  # a half-written or hand-edited file
         fail(f"--resume: {path} is unreadable or incomplete ({first_line(e)}); the checkpoint is corrupt")
-    old = meta["config"]
+    # a flag newer than the checkpoint: the run had the behaviour its default keeps
+    old = {**dataclasses.asdict(type(cfg)()), **meta["config"]}
     diff = [
         f"--{k} {old.get(k)!r} -> {v!r}"
         for k, v in dataclasses.asdict(cfg).items()

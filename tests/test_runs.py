@@ -274,6 +274,20 @@ def test_resume_accepts_flags_that_leave_training_as_it_was(run, flags):
     assert iterations(run) == [1, 2, 3]
 
 
+def test_resume_of_a_checkpoint_older_than_a_flag_takes_the_flags_default(run):
+    """A checkpoint whose config lacks a flag added since (here: tied_step) resumes when the flag is
+    at its default (the behaviour the run had), and is refused when it is not."""
+    meta_path = run / "ckpt" / "meta.json"
+    meta = json.load(open(meta_path))
+    del meta["config"]["tied_step"]
+    json.dump(meta, open(meta_path, "w"))
+    with pytest.raises(SystemExit) as e:
+        train.main([*ARGS, "--iterations", "3", "--out_dir", str(run), "--resume", "1", "--tied_step", "0"])
+    one_line_error(e, "--tied_step True -> False")
+    train.main([*ARGS, "--iterations", "3", "--out_dir", str(run), "--resume", "1"])
+    assert iterations(run) == [1, 2, 3]
+
+
 def test_resume_still_refuses_env_args_that_change_the_env(run):
     with pytest.raises(SystemExit) as e:
         train.main(
