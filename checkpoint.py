@@ -16,6 +16,7 @@ import dataclasses
 import errno
 import json
 import logging
+import math
 import os
 import random
 import shutil
@@ -24,6 +25,7 @@ import warnings
 
 import numpy as np
 import torch
+from torch.distributed.checkpoint.state_dict import StateDictOptions
 
 from checks import fail, first_line
 from envs import ENVS, env_class, parse_env_args
@@ -223,10 +225,11 @@ def _write(tmp, tmp_hf, it, model, tok, opt, sched, rank, config, gen_model, ext
     when one fails; the full-weight gather writes nothing), then each rank's own files, so a rank
     that fails never leaves the others waiting in a collective."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_state_dict
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-    msd, osd = get_state_dict(model, opt)
+    msd, osd = trained_state(model, opt)
     dcp.save({"model": msd, "optim": osd}, checkpoint_id=tmp)
+    frozen = frozen_checksum(model)
     if hasattr(model, "get_base_model"):  # LoRA: the export holds the merged weights, HF names
         full = {name: w.cpu() for name, w in full_parameters(model)}
         gen_model = gen_model or model.get_base_model()
@@ -246,6 +249,7 @@ def _write(tmp, tmp_hf, it, model, tok, opt, sched, rank, config, gen_model, ext
                     "config": config,
                     "sched": sched.state_dict(),
                     "metrics_line": metrics_line,
+                    "frozen_checksum": frozen,
                 },
                 f,
             )
@@ -254,6 +258,28 @@ def _write(tmp, tmp_hf, it, model, tok, opt, sched, rank, config, gen_model, ext
         hf_logging.disable_progress_bar()
         (gen_model or model).save_pretrained(tmp_hf, state_dict=full)
         tok.save_pretrained(tmp_hf)
+
+
+def trained_state(model, opt):
+    """What ckpt/ holds: the model's trained parameters (and buffers) and the optimizer state. With
+    --lora_rank that is the adapters, not the frozen base, which --resume loads from --model again
+    (checked by frozen_checksum): a LoRA checkpoint is MBs, not the base model's GBs. (dcp's own
+    ignore_frozen_params keeps a frozen weight tied to another, e.g. SmolLM2's lm_head: 28M
+    parameters.)"""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    frozen = {n for n, p in model.named_parameters(remove_duplicate=False) if not p.requires_grad}
+    msd, osd = get_state_dict(model, opt)
+    return {k: v for k, v in msd.items() if k not in frozen}, osd
+
+
+def frozen_checksum(model):
+    """The sum of |w| over the model's frozen parameters (the LoRA base; all ranks' shards), float64;
+    None when every parameter trains."""
+    frozen = [p for p in model.parameters() if not p.requires_grad]
+    if not frozen:
+        return None
+    return float(all_reduce(sum(_local(p.detach()).double().abs().sum().item() for p in frozen)))
 
 
 def _no_space(e):
@@ -345,14 +371,29 @@ def load_checkpoint(path, model, opt, sched, rank, meta, extra=None):
     one line."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.checkpoint.state_dict import set_state_dict
 
+    frozen = frozen_checksum(model)
+    if meta.get("frozen_checksum") is not None and not math.isclose(
+        frozen, meta["frozen_checksum"], rel_tol=1e-6
+    ):
+        fail(
+            f"--resume: the frozen base weights of --model {meta['config'].get('model')} differ from those "
+            f"{path} was trained on (checksum {frozen:.6g}, saved {meta['frozen_checksum']:.6g}): resume "
+            "on the same base model"
+        )
     try:
-        msd, osd = get_state_dict(model, opt)
+        msd, osd = trained_state(model, opt)
         state = {"model": msd, "optim": osd}
         with _quiet_loader():
             dcp.load(state, checkpoint_id=path)
-        set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        set_state_dict(
+            model,
+            opt,
+            model_state_dict=state["model"],
+            optim_state_dict=state["optim"],
+            options=StateDictOptions(ignore_frozen_params=True, strict=False),  # dcp.load checked the keys
+        )
         sched.load_state_dict(meta["sched"])
         extra_state = torch.load(os.path.join(path, "extra.pt"), weights_only=False) if extra else {}
         for k, v in (extra or {}).items():

@@ -53,6 +53,11 @@ def snapshot(out):
     }
 
 
+def untime(row):
+    """A metrics row without its wall-clock figures (times, rates)."""
+    return {k: v for k, v in row.items() if not k.startswith(("time", "wall")) and "per_s" not in k}
+
+
 def one_line_error(excinfo, *words):
     msg = str(excinfo.value.code)
     assert msg.startswith("error: ") and "\n" not in msg, msg
@@ -366,3 +371,34 @@ def test_env_workers_and_their_prefetched_resets_train_as_in_process_envs(done_r
         for x in rows
     ]
     assert untimed[0] == untimed[1] and len(untimed[0]) == 2
+
+
+def test_a_lora_checkpoint_holds_the_adapters_resumes_exactly_and_checks_its_base(tmp_path):
+    """--lora_rank: ckpt/ holds the adapters and their optimizer state, not the frozen base (nor its
+    lm_head tied to the embeddings); --resume reloads the base from --model and continues exactly as an
+    uninterrupted run; a base that changed since is one line."""
+    from tiny import build_tiny
+
+    def save_base(seed):
+        model, tok = build_tiny("treasure", seed=seed)
+        model.save_pretrained(tmp_path / "base")
+        tok.save_pretrained(tmp_path / "base")
+
+    save_base(0)
+    lora = [*ARGS, "--model", str(tmp_path / "base"), "--lora_rank", "4", "--lr_min", "1.0"]
+    train.main([*lora, "--iterations", "3", "--out_dir", str(tmp_path / "whole")])
+    train.main([*lora, "--iterations", "2", "--out_dir", str(tmp_path / "cut")])
+    import torch.distributed.checkpoint as dcp
+
+    saved = dcp.FileSystemReader(str(tmp_path / "cut" / "ckpt")).read_metadata().state_dict_metadata
+    weights = [k for k in saved if k.startswith("model.")]
+    assert weights and all("lora_" in k for k in weights), weights  # not the base, nor its tied lm_head
+    train.main([*lora, "--iterations", "3", "--out_dir", str(tmp_path / "cut"), "--resume", "1"])
+    untimed = [
+        [untime(json.loads(line)) for line in open(tmp_path / d / "metrics.jsonl")] for d in ("whole", "cut")
+    ]
+    assert untimed[0] == untimed[1] and len(untimed[0]) == 3
+    save_base(1)  # another base under the same path
+    with pytest.raises(SystemExit) as e:
+        train.main([*lora, "--iterations", "4", "--out_dir", str(tmp_path / "cut"), "--resume", "1"])
+    one_line_error(e, "frozen base weights", "same base model")
