@@ -2,6 +2,8 @@
 
     python -m bench.bc --collect out/bc-{prompt}.jsonl --games 400 --prompt tagged choice      # CPU
     python -m bench.bc --train out/bc-choice.jsonl --model DIR --out OUT                      # GPU
+    python -m bench.bc --train DATA --model DIR --out OUT --lora_rank 8    # a clone kept as OUT/adapter
+    python -m bench.bc --merge OUT/adapter --model DIR --out OUT            # ... rebuilt elsewhere from it
     python train.py --env alfworld --model OUT --prompt choice ...                              # RL from it
 
 Why: no model this trainer can get offline wins an ALFWorld game, so RL gets no signal (every
@@ -165,7 +167,11 @@ def train(args):
         f"bench.bc: {args.model} on {args.train}: {len(fit)} train / {len(val)} held-out steps, batch "
         f"{args.batch}, {steps} updates, lr {args.lr:g}, {device}"
     )
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    if args.lora_rank:  # adapters only; the clone written below is the base with them merged
+        from fsdp import add_lora
+
+        model = add_lora(model, args.lora_rank)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: 1 - k / steps)
     rng, order, losses = random.Random(args.seed), [], []
     model.train()
@@ -188,8 +194,12 @@ def train(args):
             for i in range(0, len(val), args.batch)
         ]
         val_loss = -torch.cat(val_logp).mean().item() if val else float("nan")
-    model.save_pretrained(args.out)
-    tok.save_pretrained(args.out)
+    if args.lora_rank:
+        model.save_pretrained(os.path.join(args.out, "adapter"))
+        merge(args.model, os.path.join(args.out, "adapter"), args.out)
+    else:
+        model.save_pretrained(args.out)
+        tok.save_pretrained(args.out)
     with open(os.path.join(args.out, "bc.json"), "w") as f:
         json.dump({**vars(args), "losses": losses, "val_loss": val_loss}, f)
     print(
@@ -197,6 +207,25 @@ def train(args):
         f"{val_loss:.4f}; wrote {args.out}"
     )
     return losses, val_loss
+
+
+def merge(base, adapter, out):
+    """The base model with a LoRA clone's adapter merged in -> an HF folder at out (fp32, on CPU: the
+    same arithmetic on every machine, so a clone moved as its adapter, a few MB, is rebuilt to the
+    weights a LoRA run on it checks on --resume). -> the sum of |w| of the merged weights."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+        model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"bench.bc: --merge {adapter} onto --model {base}: {str(e).splitlines()[0]}")
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(base).save_pretrained(out)
+    total = sum(p.double().abs().sum().item() for p in model.parameters())
+    print(f"bench.bc: {adapter} merged onto {base} -> {out} (sum |w| {total:.10g})")
+    return total
 
 
 def main(argv=None):
@@ -222,7 +251,17 @@ def main(argv=None):
     ap.add_argument("--lr", type=float, default=5e-5)
     ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--lora_rank", type=int, default=0, help="--train: LoRA adapters of this rank; OUT/adapter keeps them"
+    )
+    ap.add_argument(
+        "--merge", metavar="ADAPTER", help="rebuild a LoRA clone: --model BASE + ADAPTER -> --out"
+    )
     args = ap.parse_args(argv)
+    if args.merge:
+        if not args.model or not args.out:
+            raise SystemExit("bench.bc: --merge needs --model BASE and --out DIR")
+        return merge(args.model, args.merge, args.out)
     if bool(args.collect) == bool(args.train):
         raise SystemExit("bench.bc: give one of --collect OUT.jsonl or --train DATA.jsonl")
     if args.collect:
@@ -235,8 +274,8 @@ def main(argv=None):
         return collect(args.collect, args.games, args.prompt, args.data_dir, first=args.first)
     if not args.model or not args.out:
         raise SystemExit("bench.bc: --train needs --model DIR (start) and --out DIR (result)")
-    if args.batch < 1 or args.lr <= 0 or args.epochs < 1 or args.steps < 0:
-        raise SystemExit("bench.bc: --batch, --epochs and --lr must be > 0, --steps >= 0")
+    if args.batch < 1 or args.lr <= 0 or args.epochs < 1 or args.steps < 0 or args.lora_rank < 0:
+        raise SystemExit("bench.bc: --batch, --epochs and --lr must be > 0, --steps and --lora_rank >= 0")
     return train(args)
 
 

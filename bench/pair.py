@@ -3,6 +3,8 @@ one GPU, both splits evaluated, each paired game by game against the clone; and 
 
     python -m bench.pair --model SMOLLM2 --out out/pair1 --minutes 28      # one replicate, one GPU
     python -m bench.pair --report out/pair1 out/pair2 out/pair3            # pool the replicates
+    python -m bench.pair --model SMOLLM2 --out /tmp/pair --minutes 25 --lora_rank 8 --iterations 75
+                                                    # a long LoRA pair: the same command on each machine
 
 A replicate (each stage is skipped where its output is already there, so a rerun goes on):
   1. collect  the expert on train games 0..--games-1 (bench.bc --collect, over --procs processes)
@@ -16,6 +18,14 @@ A replicate (each stage is skipped where its output is already there, so a rerun
 What a lost host costs: the stage it was in. Small files to copy off as they appear: bc.jsonl (a
 few MB), clone_eval/eval.json, the arms' metrics.jsonl (one line an iteration) and eval.json.
 
+A long pair over several machines (--lora_rank R): the clone and both arms train LoRA adapters, so
+everything a replicate needs is MBs, packed in OUT/carry.tgz after every run (expert data, the
+clone's adapter, its eval, each arm's checkpoint and log). On the next machine, unpack it into OUT
+(the same path) and run the same command: the clone is merged again from its adapter (bench.bc
+--merge: the same weights, which the arms' --resume checks), the clone eval is kept, and each arm
+resumes from its checkpoint for --minutes more, until its checkpoint reaches train.py's
+--iterations; then step 5 runs.
+
 Flags it does not know go to train.py, for the clone's eval and both arms (after ARM_FLAGS below:
 theirs win). The arms run the ALFWorld preset (train.PRESETS: 16 x 8 envs, 50 steps, window memory,
 KL 0.01, entropy 0.001) with the settings of docs/envs.md's RL from the clone.
@@ -25,12 +35,16 @@ across replicates (one gain difference per replicate); the same by task type, ga
 """
 
 import argparse
+import json
 import os
 import subprocess
 import sys
+import tarfile
 import time
 
+import checkpoint
 import evaluate
+import train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # stages run from here
 ARMS = ("gigpo", "grpo")
@@ -81,30 +95,39 @@ def replicate(args, extra):
             os.remove(part)
         n = sum(1 for _ in open(data))
         print(f"collect: {n} expert steps of {args.games} games, {time.time() - t0:.0f} s")
-    clone = os.path.join(out, "clone")
-    if not os.path.exists(os.path.join(clone, "config.json")):  # 2. the clone
-        cmd = ["-m", "bench.bc", "--train", data, "--model", args.model, "--out", clone]
-        run([*cmd, "--epochs", str(args.epochs), *args.bc_flags.split()], log)
+    clone, lora = os.path.join(out, "clone"), ["--lora_rank", str(args.lora_rank)] * bool(args.lora_rank)
+    adapter = os.path.join(clone, "adapter")
+    if not os.path.exists(os.path.join(clone, "config.json")):  # 2. the clone (or its adapter merged again)
+        if os.path.exists(os.path.join(adapter, "adapter_config.json")):
+            run(["-m", "bench.bc", "--merge", adapter, "--model", args.model, "--out", clone], log)
+        else:
+            cmd = ["-m", "bench.bc", "--train", data, "--model", args.model, "--out", clone]
+            run([*cmd, "--epochs", str(args.epochs), *lora, *args.bc_flags.split()], log)
         print(f"clone: {clone}, {time.time() - t0:.0f} s in")
     evals = {"clone": os.path.join(out, "clone_eval")}
-    t_eval = time.time()
+    timing = os.path.join(evals["clone"], "eval_seconds.txt")
     if not os.path.exists(os.path.join(evals["clone"], "eval.json")):  # 3. the clone on both splits
+        t_eval = time.time()
         cmd = ["train.py", "--env", "alfworld", "--eval_only", "1", "--model", clone]
         run([*cmd, "--out_dir", evals["clone"], *ARM_FLAGS, *extra], log)
+        open(timing, "w").write(f"{time.time() - t_eval:.1f}\n")
         print(f"clone eval: {rates(evals['clone'])}, {time.time() - t_eval:.0f} s")
-    t_eval = time.time() - t_eval
-    # 4. the arms at once; their time: what is left, less their final evals (two at once: 2x the clone's)
+    t_eval = float(open(timing).read()) if os.path.exists(timing) else 0.0
+    # 4. the arms at once; their time: what is left, less their evals at the end (two at once: 2x the
+    #    clone's); an arm whose checkpoint is at the target iteration is done, one short of it resumes
+    target = train.parse_args(["--env", "alfworld", *ARM_FLAGS, *extra]).iterations
     minutes = (
         (args.minutes * 60 - (time.time() - t0) - 2 * t_eval - args.start_up) / 60 if args.minutes else 0
     )
-    if args.minutes and minutes < 1:
-        sys.exit(f"error: bench.pair: {minutes:.1f} min left for the arms: raise --minutes")
-    procs = {}
+    procs, at = {}, {}
     for arm in args.arms:
         evals[arm] = os.path.join(out, arm)
-        if os.path.exists(os.path.join(evals[arm], "eval.json")):
+        at[arm] = saved_iteration(evals[arm])
+        if at[arm] >= target:
             continue
-        resume = ["--resume", "1"] if os.path.exists(os.path.join(evals[arm], "ckpt")) else []
+        if args.minutes and minutes < 1:
+            sys.exit(f"error: bench.pair: {minutes:.1f} min left for the arms: raise --minutes")
+        resume = ["--resume", "1"] if at[arm] else []
         if os.path.exists(evals[arm]) and not resume:  # an arm cut short before its checkpoint: kept aside
             kept = next(
                 f"{evals[arm]}.cut{k}" for k in range(1, 1000) if not os.path.exists(f"{evals[arm]}.cut{k}")
@@ -114,18 +137,51 @@ def replicate(args, extra):
         cmd = ["train.py", "--env", "alfworld", "--model", clone, "--algo", arm, "--out_dir", evals[arm]]
         limit = ["--time_limit", f"{minutes:.2f}"] if minutes else []
         procs[arm] = run(
-            [*cmd, *ARM_FLAGS, *limit, *resume, *extra], os.path.join(out, f"{arm}.log"), wait=False
+            [*cmd, *ARM_FLAGS, *lora, *limit, *resume, *extra], os.path.join(out, f"{arm}.log"), wait=False
         )
     print(f"arms {', '.join(procs) or '(done before)'}: {minutes:.1f} min each, logs {out}/ARM.log")
     failed = [arm for arm, p in procs.items() if p.wait()]
     if failed:
         sys.exit(f"error: bench.pair: {', '.join(failed)} failed: see {out}/{failed[0]}.log")
+    at = {arm: saved_iteration(evals[arm]) for arm in args.arms}
+    kept = carry(out, args.arms, with_ckpt=bool(args.lora_rank))
+    if min(at.values()) < target:
+        print(
+            f"bench.pair: the arms are at iterations {at} of {target}: run the same command again to go on "
+            f"(on another machine: unpack {kept} into {out} first)"
+        )
+        return
     # 5. paired, game by game
     pairs = [("clone", a) for a in args.arms] + [tuple(args.arms)] * (len(args.arms) == 2)
     text = "\n\n".join(evaluate.compare(evals[a], evals[b]) for a, b in pairs)
     open(os.path.join(out, "pair.md"), "w").write(text + "\n")
     print(text)
     print(f"bench.pair: {out} in {(time.time() - t0) / 60:.1f} min")
+
+
+def saved_iteration(out_dir):
+    """The iteration of a run's checkpoint (0: none)."""
+    path = os.path.join(checkpoint.checkpoint_path(out_dir), "meta.json")
+    return json.load(open(path))["iteration"] if os.path.exists(path) else 0
+
+
+def carry(out, arms, with_ckpt):
+    """OUT/carry.tgz: what a replicate needs to go on elsewhere, the small files only: the expert data,
+    the clone's adapter (--lora_rank) and eval, each arm's log, eval and (with LoRA: MBs) checkpoint.
+    Not the merged clone or the arms' model/ exports, which are rebuilt or rewritten."""
+    names = ["bc.jsonl", "clone/bc.json", "clone/adapter", "clone_eval", "pair.log", "pair.md"]
+    for arm in arms:
+        names += [f"{arm}.log", f"{arm}/metrics.jsonl", f"{arm}/eval.json"]
+        if with_ckpt:
+            names.append(os.path.relpath(checkpoint.checkpoint_path(os.path.join(out, arm)), out))
+    path = os.path.join(out, "carry.tgz")
+    with tarfile.open(path + ".tmp", "w:gz") as tar:
+        for name in names:
+            if os.path.exists(os.path.join(out, name)):
+                tar.add(os.path.join(out, name), arcname=name)
+    os.replace(path + ".tmp", path)
+    print(f"bench.pair: {path}, {os.path.getsize(path) / 2**20:.1f} MiB")
+    return path
 
 
 def rates(path):
@@ -199,6 +255,13 @@ def main(argv=None):
     )
     ap.add_argument("--start_up", type=float, default=120, help="seconds an arm takes to start (compile)")
     ap.add_argument("--arms", nargs="+", default=list(ARMS), help="train.py --algo names")
+    ap.add_argument(
+        "--lora_rank",
+        type=int,
+        default=0,
+        help="clone and arms as LoRA adapters of this rank: their checkpoints are MBs, so a long pair "
+        "goes on across machines (OUT/carry.tgz)",
+    )
     ap.add_argument("--report", nargs="+", metavar="OUT", help="pool these replicates' folders instead")
     args, extra = ap.parse_known_args(argv)
     if args.report:

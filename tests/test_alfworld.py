@@ -11,10 +11,12 @@ import re
 import signal
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 
 import pytest
+import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 USER_DATA = os.environ.get("ALFWORLD_DATA")  # read first: importing alfworld sets it to its default
@@ -577,3 +579,71 @@ def test_pair_report_pools_games_and_replicates(tmp_path):
     assert "| valid_seen | 8 | 4 / 0, p 0.125 | 1 / 0, p 1.000 | 1 / 4, p 0.375 |" in text
     assert "| valid_seen/pick | 4 | 3 / 0, p 0.250 |" in text
     assert "gigpo's gain above grpo's in 2 of 2 replicates, below in 0, sign test p 0.500" in text
+
+
+def test_bc_lora_clone_is_rebuilt_from_its_adapter(tiny_model, tmp_path):
+    """bench.bc --lora_rank: the clone trains LoRA adapters, keeps them in OUT/adapter (no base
+    weights) and writes the base with them merged; --merge rebuilds exactly that clone from the
+    adapter and the base (how a clone moves to another machine in a few MB)."""
+    from transformers import AutoModelForCausalLM
+
+    from bench import bc
+
+    model, tok = tiny_model
+    model.save_pretrained(tmp_path / "tiny")
+    tok.save_pretrained(tmp_path / "tiny")
+    with open(tmp_path / "bc.jsonl", "w") as f:
+        for k in range(40):
+            row = {"messages": [{"role": "user", "content": "up or down"}], "reply": "up", "game": k % 5}
+            f.write(json.dumps(row) + "\n")
+    base = str(tmp_path / "tiny")
+    flags = "--steps 5 --batch 4 --lr 1e-2 --device cpu --lora_rank 2".split()
+    bc.main(
+        ["--train", str(tmp_path / "bc.jsonl"), "--model", base, "--out", str(tmp_path / "clone"), *flags]
+    )
+    adapter = tmp_path / "clone" / "adapter"
+    assert (adapter / "adapter_config.json").exists()
+    assert sum(f.stat().st_size for f in adapter.iterdir()) < 0.5 * sum(
+        p.numel() * 4 for p in model.parameters()
+    )
+    bc.main(["--merge", str(adapter), "--model", base, "--out", str(tmp_path / "again")])
+    clone, again, plain = (
+        AutoModelForCausalLM.from_pretrained(tmp_path / d).state_dict() for d in ("clone", "again", "tiny")
+    )
+    assert set(clone) == set(plain) and all(torch.equal(clone[k], again[k]) for k in clone)
+    assert any(not torch.equal(clone[k], plain[k]) for k in clone if "proj" in k)  # the adapters moved
+
+
+def test_pair_with_lora_goes_on_on_another_machine_from_its_carry(
+    data_dir, tiny_model, tmp_path, monkeypatch
+):
+    """bench.pair --lora_rank: one iteration per arm, then OUT is lost but for carry.tgz (MBs); unpacked
+    into a fresh OUT, the same command with --iterations 2 merges the clone again from its adapter,
+    keeps the clone's eval and resumes both arms from their checkpoints to iteration 2."""
+    from bench import pair
+
+    model, tok = tiny_model
+    model.save_pretrained(tmp_path / "tiny")
+    tok.save_pretrained(tmp_path / "tiny")
+    monkeypatch.setenv("ALFWORLD_DATA", data_dir)
+    out = tmp_path / "pair"
+    flags = [
+        "--bc_flags=--steps 2 --batch 2 --device cpu",
+        *"--lora_rank 2 --games 2 --procs 2 --engine hf --env_workers 0 --max_response_tokens 4".split(),
+        *"--eval_episodes 1 --n_groups 1 --group_size 2 --env_args max_steps=2 --threads 1".split(),
+    ]
+    pair.main(["--model", str(tmp_path / "tiny"), "--out", str(out), *flags, "--iterations", "1"])
+    assert (out / "pair.md").exists() and (out / "carry.tgz").stat().st_size < 2**20
+    clone_eval = (out / "clone_eval" / "eval.json").read_text()
+    out.rename(tmp_path / "lost")  # a fresh machine: only the carry comes along
+    out.mkdir()
+    with tarfile.open(tmp_path / "lost" / "carry.tgz") as tar:
+        tar.extractall(out)
+    assert not (out / "clone" / "config.json").exists() and (out / "gigpo" / "ckpt").exists()
+    pair.main(["--model", str(tmp_path / "tiny"), "--out", str(out), *flags, "--iterations", "2"])
+    assert "merged onto" in (out / "pair.log").read_text()
+    assert (out / "clone_eval" / "eval.json").read_text() == clone_eval  # kept, not played again
+    assert not list(out.glob("*.cut*"))  # resumed, not started over
+    for arm in ("gigpo", "grpo"):
+        assert [json.loads(line)["iteration"] for line in open(out / arm / "metrics.jsonl")] == [1, 2]
+        assert json.load(open(out / arm / "eval.json"))["iteration"] == 2
