@@ -82,8 +82,10 @@ def build_engine(cfg, model, tok, device, copy_dtype=None):
 def compiled(cfg, device, engine=None):
     """--compile 1 | 0 | auto -> whether to compile. auto: where vLLM generates on a GPU (given the
     engine: the one built; before it: where one would be), and not with LoRA adapters. Compile won
-    every GPU measurement of the vLLM engine and the FSDP update; it was never measured with LoRA or
-    with `--engine hf` on a GPU, whose generate runs on the trainer's own layers."""
+    every GPU measurement of the vLLM engine and the FSDP update; it was never measured with LoRA
+    (`--compile 1` with LoRA computes what the plain layers do, adapters off for the KL reference
+    too: tests/test_dist.py) or with `--engine hf` on a GPU, whose generate runs on the trainer's
+    own layers."""
     if cfg.compile != "auto":
         return cfg.compile == "1"
     vllm = cfg.engine != "hf" if engine is None else not engine.shares_layers

@@ -78,6 +78,33 @@ def test_compiled_layers_score_and_train_like_plain_ones():
         assert torch.allclose(p.grad, q.grad, atol=1e-5)
 
 
+def test_compiled_layers_with_lora_train_like_plain_ones_and_turn_adapters_off():
+    """--compile 1 with --lora_rank (not auto's choice, not measured on a GPU): compiled decoder
+    layers holding LoRA adapters give the plain model's log-probs and adapter gradients, and
+    disable_adapter (the KL reference) still turns the adapters off under compile."""
+    samples, _ = fixed_batch()
+    batch_of = lambda tok: ppo.make_batch(samples, list(range(len(samples))), tok.pad_token_id, False)  # noqa: E731
+    models = []
+    for compile_layers in (False, True):
+        model, tok = build_tiny("treasure", seed=0)
+        model = fsdp.add_lora(model, 2)
+        for n, p in model.named_parameters():  # B = 0 at init: move it so the adapters change the output
+            if "lora_B" in n:
+                p.data.copy_(torch.linspace(-0.3, 0.3, p.numel()).view_as(p))
+        models.append(fsdp.shard(model, torch.device("cpu"), compile_layers=compile_layers))
+    outs = []
+    for m in models:
+        lp = ppo.response_logprobs(m, batch_of(tok), "cpu")[0]
+        lp.sum().backward()
+        with torch.no_grad(), m.disable_adapter():
+            outs.append((lp.detach(), ppo.response_logprobs(m, batch_of(tok), "cpu")[0]))
+    (a, a_off), (b, b_off) = outs
+    assert torch.allclose(a, b, atol=1e-5) and torch.allclose(a_off, b_off, atol=1e-5)
+    assert not torch.allclose(a, a_off, atol=1e-3)  # the adapters were really off
+    grads = [[p.grad for p in m.parameters() if p.requires_grad] for m in models]
+    assert grads[0] and all(torch.allclose(x, y, atol=1e-5) for x, y in zip(*grads))
+
+
 def test_any_causal_lm_shards_a_tiny_gpt2(monkeypatch):
     """fsdp.shard finds the decoder layers of any HF causal LM (its _no_split_modules), not only
     Llama/Qwen's model.layers: a tiny random GPT-2 (transformer.h) shards per block in a gloo world
