@@ -141,10 +141,10 @@ def replicate(args, extra):
         )
     print(f"arms {', '.join(procs) or '(done before)'}: {minutes:.1f} min each, logs {out}/ARM.log")
     failed = [arm for arm, p in procs.items() if p.wait()]
+    at = {arm: saved_iteration(evals[arm]) for arm in args.arms}
+    kept = carry(out, args.arms, with_ckpt=bool(args.lora_rank))  # also what a failed arm had saved
     if failed:
         sys.exit(f"error: bench.pair: {', '.join(failed)} failed: see {out}/{failed[0]}.log")
-    at = {arm: saved_iteration(evals[arm]) for arm in args.arms}
-    kept = carry(out, args.arms, with_ckpt=bool(args.lora_rank))
     if min(at.values()) < target:
         print(
             f"bench.pair: the arms are at iterations {at} of {target}: run the same command again to go on "
@@ -155,6 +155,7 @@ def replicate(args, extra):
     pairs = [("clone", a) for a in args.arms] + [tuple(args.arms)] * (len(args.arms) == 2)
     text = "\n\n".join(evaluate.compare(evals[a], evals[b]) for a, b in pairs)
     open(os.path.join(out, "pair.md"), "w").write(text + "\n")
+    carry(out, args.arms, with_ckpt=bool(args.lora_rank))
     print(text)
     print(f"bench.pair: {out} in {(time.time() - t0) / 60:.1f} min")
 
