@@ -212,7 +212,7 @@ def train(args):
 def merge(base, adapter, out):
     """The base model with a LoRA clone's adapter merged in -> an HF folder at out (fp32, on CPU: the
     same arithmetic on every machine, so a clone moved as its adapter, a few MB, is rebuilt to the
-    weights a LoRA run on it checks on --resume). -> the sum of |w| of the merged weights."""
+    weights a LoRA run on it checks on --resume)."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -223,9 +223,8 @@ def merge(base, adapter, out):
         raise SystemExit(f"bench.bc: --merge {adapter} onto --model {base}: {str(e).splitlines()[0]}")
     model.save_pretrained(out)
     AutoTokenizer.from_pretrained(base).save_pretrained(out)
-    total = sum(p.double().abs().sum().item() for p in model.parameters())
-    print(f"bench.bc: {adapter} merged onto {base} -> {out} (sum |w| {total:.10g})")
-    return total
+    print(f"bench.bc: {adapter} merged onto {base} -> {out}")
+    return out
 
 
 def main(argv=None):
