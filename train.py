@@ -376,6 +376,8 @@ def metrics(cfg, it, batch, sched, stats, timing, timer, eval_rates, t_run):
             "eval_success": headline(eval_rates) if eval_rates else None,
             **{f"eval_success/{k}": v for k, v in eval_rates.items() if k != "held-out"},
             "wall": time.perf_counter() - t_run,
+            # what sizes bench.sweep's --parallel on a shared GPU: torch's peak reserve in this process
+            "gpu_mem_gib": torch.cuda.max_memory_reserved() / 2**30 if torch.cuda.is_initialized() else None,
         },
     )
 

@@ -641,6 +641,16 @@ def test_episodes_on_disk_and_wandb_offline(tmp_path):
     )
 
 
+def test_gpu_memory_is_logged_only_where_cuda_was_used():
+    import records
+    import train
+
+    cfg = train.Config()
+    line = {k: 0.0 for k in records.DEFAULT_METRICS}
+    assert records.metrics_line(cfg, {**line, "gpu_mem_gib": 17.2})["gpu_mem_gib"] == 17.2
+    assert "gpu_mem_gib" not in records.metrics_line(cfg, {**line, "gpu_mem_gib": None})  # a CPU run
+
+
 def test_viewer_bad_out_dir_is_one_line(tmp_path):
     import plots
 
