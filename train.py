@@ -140,7 +140,7 @@ class Config:
     # 8x this many episodes per eval set (records.py); 0 = none
     resume: bool = False  # continue from out_dir/ckpt (same config; --iterations may grow)
     time_limit: float = 0.0  # minutes of this call's training: stop at the first iteration past them,
-    # evaluated and saved as at the end (--resume goes on); 0 = none
+    # saved (not evaluated, unless an eval falls there; --resume goes on); 0 = none
     eval_only: bool = False  # load --model, evaluate it (as above), print the result, exit
     eval_sets: str = ""  # envs with named eval sets (alfworld): comma-separated names to run; "" = all
 
@@ -245,8 +245,9 @@ def main(argv=None):
             engine.push_weights(full_parameters(model))
         # 5. eval, every eval_every and at the end (rank 0; a few episodes of each set recorded)
         out_of_time = limit > 0 and all_reduce(time.perf_counter() - t_run, "max") > limit
-        checkpoint = it % cfg.eval_every == 0 or it == cfg.iterations or out_of_time
-        if checkpoint and rank == 0:
+        evaluate_now = it % cfg.eval_every == 0 or it == cfg.iterations  # not at a --time_limit stop
+        checkpoint = evaluate_now or out_of_time
+        if evaluate_now and rank == 0:
             eval_rates = run_eval(cfg, tok, eval_envs, prompt, engine, it, episode_log)
             if wandb and shown:
                 wandb.log({"episodes": records.wandb_table(wandb, shown)}, step=it)
@@ -263,20 +264,21 @@ def main(argv=None):
         if out_of_time and it < cfg.iterations:
             print0(
                 f"--time_limit {cfg.time_limit:g} min: stopped after iteration {it} of {cfg.iterations} "
-                "(--resume 1 goes on)"
+                "(--resume 1 goes on; saved, not evaluated)"
             )
             break
     bar.close()
     envs.close()
     if rank == 0:
-        if not eval_rates:  # resumed at the end: nothing trained, still report
+        if not eval_rates and saved >= cfg.iterations:  # resumed at the end: nothing trained, still report
             eval_rates = evaluate(tok, cfg, eval_envs, prompt, engine, iteration=start)
         eval_envs and eval_envs.close()
         print(f"done in {time.perf_counter() - t_run:.0f}s; model saved to {cfg.out_dir}/model")
-        rates, random_rates = success_text(eval_rates), success_text(baseline)
-        print(f"held-out success {rates} ({eval_what(cfg)}; random policy {random_rates})")
+        if eval_rates:
+            rates, random_rates = success_text(eval_rates), success_text(baseline)
+            print(f"held-out success {rates} ({eval_what(cfg)}; random policy {random_rates})")
     finish_dist(engine)
-    return headline(eval_rates) if rank == 0 else None
+    return headline(eval_rates) if rank == 0 and eval_rates else None
 
 
 # ---- the helpers of main's set-up and sections, in the order main calls them ----

@@ -13,18 +13,21 @@ A replicate (each stage is skipped where its output is already there, so a rerun
   3. eval     the clone on valid_seen and valid_unseen (train.py --eval_only 1) -> OUT/clone_eval/
   4. arms     train.py --algo gigpo and --algo grpo from the clone at once, sharing the GPU, with the
               --time_limit left after 1-3 (less the final evals, timed by the clone's) -> OUT/gigpo/,
-              OUT/grpo/ (each checkpointed at its final eval: ~1.6 GB for SmolLM2 with its AdamW state)
+              OUT/grpo/ (each checkpointed where it stops: ~1.6 GB for SmolLM2 with its AdamW state)
+  4b. evals   a time limit's stop saves without an eval: the arms' model/ exports on both splits, at
+              once (train.py --eval_only 1) -> OUT/gigpo_eval/, OUT/grpo_eval/
   5. compare  evaluate.compare for clone -> gigpo, clone -> grpo, gigpo -> grpo -> OUT/pair.md
 What a lost host costs: the stage it was in. Small files to copy off as they appear: bc.jsonl (a
-few MB), clone_eval/eval.json, the arms' metrics.jsonl (one line an iteration) and eval.json.
+few MB), clone_eval/eval.json, the arms' metrics.jsonl (one line an iteration) and ARM_eval/.
 
 A long pair over several machines (--lora_rank R): the clone and both arms train LoRA adapters, so
 everything a replicate needs is MBs, packed in OUT/carry.tgz after every run (expert data, the
 clone's adapter, its eval, each arm's checkpoint and log). On the next machine, unpack it into OUT
 (the same path) and run the same command: the clone is merged again from its adapter (bench.bc
 --merge: the same weights, which the arms' --resume checks), the clone eval is kept, and each arm
-resumes from its checkpoint for --minutes more, until its checkpoint reaches train.py's
---iterations; then step 5 runs.
+resumes from its checkpoint for --minutes more (no time kept back for evals: a stop is saved, not
+evaluated), until its checkpoint reaches train.py's --iterations, where train.py evaluates it; then
+step 5 runs.
 
 Flags it does not know go to train.py, for the clone's eval and both arms (after ARM_FLAGS below:
 theirs win). The arms run the ALFWorld preset (train.PRESETS: 16 x 8 envs, 50 steps, window memory,
@@ -113,44 +116,59 @@ def replicate(args, extra):
         open(timing, "w").write(f"{time.time() - t_eval:.1f}\n")
         print(f"clone eval: {rates(evals['clone'])}, {time.time() - t_eval:.0f} s")
     t_eval = float(open(timing).read()) if os.path.exists(timing) else 0.0
-    # 4. the arms at once; their time: what is left, less their evals at the end (two at once: 2x the
-    #    clone's); an arm whose checkpoint is at the target iteration is done, one short of it resumes
+    # 4. the arms at once. A replicate: one run each, for what is left less their evals after it (two at
+    #    once: 2x the clone's); done once saved. A long pair (--lora_rank): all that is left, each call;
+    #    done at the target iteration (evaluated there by train.py), resumed while short of it
     target = train.parse_args(["--env", "alfworld", *ARM_FLAGS, *extra]).iterations
+    evals_left = 0 if args.lora_rank else 2 * t_eval
     minutes = (
-        (args.minutes * 60 - (time.time() - t0) - 2 * t_eval - args.start_up) / 60 if args.minutes else 0
+        (args.minutes * 60 - (time.time() - t0) - evals_left - args.start_up) / 60 if args.minutes else 0
     )
     procs, at = {}, {}
+    done = lambda arm: at[arm] >= target or (at[arm] > 0 and not args.lora_rank)  # noqa: E731
     for arm in args.arms:
-        evals[arm] = os.path.join(out, arm)
-        at[arm] = saved_iteration(evals[arm])
-        if at[arm] >= target:
+        at[arm] = saved_iteration(os.path.join(out, arm))
+        if done(arm):
             continue
         if args.minutes and minutes < 1:
             sys.exit(f"error: bench.pair: {minutes:.1f} min left for the arms: raise --minutes")
-        resume = ["--resume", "1"] if at[arm] else []
-        if os.path.exists(evals[arm]) and not resume:  # an arm cut short before its checkpoint: kept aside
-            kept = next(
-                f"{evals[arm]}.cut{k}" for k in range(1, 1000) if not os.path.exists(f"{evals[arm]}.cut{k}")
-            )
-            os.rename(evals[arm], kept)
+        resume, run_dir = ["--resume", "1"] if at[arm] else [], os.path.join(out, arm)
+        if os.path.exists(run_dir) and not resume:  # an arm cut short before its checkpoint: kept aside
+            kept = next(f"{run_dir}.cut{k}" for k in range(1, 999) if not os.path.exists(f"{run_dir}.cut{k}"))
+            os.rename(run_dir, kept)
             print(f"{arm}: a run cut short before its checkpoint is kept in {kept}; starting it again")
-        cmd = ["train.py", "--env", "alfworld", "--model", clone, "--algo", arm, "--out_dir", evals[arm]]
+        cmd = ["train.py", "--env", "alfworld", "--model", clone, "--algo", arm, "--out_dir", run_dir]
         limit = ["--time_limit", f"{minutes:.2f}"] if minutes else []
         procs[arm] = run(
             [*cmd, *ARM_FLAGS, *lora, *limit, *resume, *extra], os.path.join(out, f"{arm}.log"), wait=False
         )
     print(f"arms {', '.join(procs) or '(done before)'}: {minutes:.1f} min each, logs {out}/ARM.log")
     failed = [arm for arm, p in procs.items() if p.wait()]
-    at = {arm: saved_iteration(evals[arm]) for arm in args.arms}
+    at = {arm: saved_iteration(os.path.join(out, arm)) for arm in args.arms}
     kept = carry(out, args.arms, with_ckpt=bool(args.lora_rank))  # also what a failed arm had saved
     if failed:
         sys.exit(f"error: bench.pair: {', '.join(failed)} failed: see {out}/{failed[0]}.log")
-    if min(at.values()) < target:
+    if not all(map(done, args.arms)):
         print(
             f"bench.pair: the arms are at iterations {at} of {target}: run the same command again to go on "
             f"(on another machine: unpack {kept} into {out} first)"
         )
         return
+    # 4b. the evals the arms' runs did not make (a --time_limit stop saves, not evaluates): their model/
+    #     exports, both at once, as the clone's -> OUT/ARM_eval/
+    procs = {
+        arm: run(
+            ["train.py", "--env", "alfworld", "--eval_only", "1", "--model", os.path.join(out, arm, "model")]
+            + ["--out_dir", os.path.join(out, f"{arm}_eval"), *ARM_FLAGS, *extra],
+            log,
+            wait=False,
+        )
+        for arm in args.arms
+        if not evaluated(out, arm)
+    }
+    if any(p.wait() for p in procs.values()):
+        sys.exit(f"error: bench.pair: an arm's eval failed: see {log}")
+    evals.update({arm: arm_eval(out, arm) for arm in args.arms})
     # 5. paired, game by game
     pairs = [("clone", a) for a in args.arms] + [tuple(args.arms)] * (len(args.arms) == 2)
     text = "\n\n".join(evaluate.compare(evals[a], evals[b]) for a, b in pairs)
@@ -158,6 +176,22 @@ def replicate(args, extra):
     carry(out, args.arms, with_ckpt=bool(args.lora_rank))
     print(text)
     print(f"bench.pair: {out} in {(time.time() - t0) / 60:.1f} min")
+
+
+def arm_eval(out, arm):
+    """The folder of an arm's final eval: OUT/ARM_eval where bench.pair evaluated its export (a run
+    stopped by --time_limit is saved, not evaluated), else the run's own (at --iterations)."""
+    made = os.path.join(out, f"{arm}_eval")
+    return made if os.path.exists(os.path.join(made, "eval.json")) else os.path.join(out, arm)
+
+
+def evaluated(out, arm):
+    """Whether the arm's final eval is there: bench.pair's, or the run's own at its checkpoint."""
+    path = os.path.join(arm_eval(out, arm), "eval.json")
+    ev = json.load(open(path)) if os.path.exists(path) else {}
+    return arm_eval(out, arm).endswith("_eval") or ev.get("iteration") == saved_iteration(
+        os.path.join(out, arm)
+    )
 
 
 def saved_iteration(out_dir):
@@ -172,7 +206,7 @@ def carry(out, arms, with_ckpt):
     Not the merged clone or the arms' model/ exports, which are rebuilt or rewritten."""
     names = ["bc.jsonl", "clone/bc.json", "clone/adapter", "clone_eval", "pair.log", "pair.md"]
     for arm in arms:
-        names += [f"{arm}.log", f"{arm}/metrics.jsonl", f"{arm}/eval.json"]
+        names += [f"{arm}.log", f"{arm}/metrics.jsonl", f"{arm}/eval.json", f"{arm}_eval"]
         if with_ckpt:
             names.append(os.path.relpath(checkpoint.checkpoint_path(os.path.join(out, arm)), out))
     path = os.path.join(out, "carry.tgz")
@@ -199,7 +233,8 @@ def table(header, rows):
 def report(dirs, arms=ARMS):
     """The replicates in dirs (each with clone_eval/ and an out dir per arm) -> markdown tables."""
     runs = ("clone_eval", *arms)
-    evs = [{k: evaluate.load_eval(os.path.join(d, k)) for k in runs} for d in dirs]
+    where = lambda d, k: arm_eval(d, k) if k in arms else os.path.join(d, k)  # noqa: E731
+    evs = [{k: evaluate.load_eval(where(d, k)) for k in runs} for d in dirs]
     splits = [
         s for s in evs[0]["clone_eval"]["games"] if all(s in ev[k]["games"] for ev in evs for k in runs)
     ]
@@ -210,7 +245,7 @@ def report(dirs, arms=ARMS):
             r = {k: ev[k]["rates"][s] for k in runs}
             for a in arms:
                 gains[s][a].append(r[a] - r["clone_eval"])
-            its = "/".join(str(ev[a]["iteration"]) for a in arms)
+            its = "/".join(str(ev[a]["iteration"] or saved_iteration(os.path.join(d, a))) for a in arms)
             per_rep.append(
                 [d, s, its, *(f"{r[k]:.3f}" for k in runs), *(f"{r[a] - r['clone_eval']:+.3f}" for a in arms)]
             )

@@ -538,9 +538,26 @@ def test_pair_plays_a_replicate_end_to_end_and_pools_replicates(data_dir, tiny_m
     cut = tmp_path / "r2" / "gigpo"  # an arm that died before its checkpoint: kept aside, run again
     cut.mkdir(parents=True)
     (cut / "metrics.jsonl").write_text('{"iteration": 1}\n')
-    for rep in ("r1", "r2"):
-        pair.main(["--model", str(tmp_path / "tiny"), "--out", str(tmp_path / rep), *small])
+    pair.main(["--model", str(tmp_path / "tiny"), "--out", str(tmp_path / "r1"), *small])
+    # r2's arms stop at a time limit (as a replicate's do): saved, not evaluated; pair evaluates them
+    pair.main(
+        [
+            "--model",
+            str(tmp_path / "tiny"),
+            "--out",
+            str(tmp_path / "r2"),
+            *small,
+            "--iterations",
+            "3",
+            "--time_limit",
+            "1e-9",
+        ]
+    )
     assert (tmp_path / "r2" / "gigpo.cut1" / "metrics.jsonl").exists()
+    for arm in ("gigpo", "grpo"):
+        assert not (tmp_path / "r2" / arm / "eval.json").exists()
+        assert len(json.load(open(tmp_path / "r2" / f"{arm}_eval" / "eval.json"))["games"]["valid_seen"]) == 2
+    assert (tmp_path / "r2" / "pair.md").read_text().count("| valid_unseen |") == 3
     out = tmp_path / "r1"
     rows = [json.loads(line) for line in open(out / "bc.jsonl")]
     assert len({r["game"] for r in rows}) == 2 and not list(out.glob("bc.jsonl.*"))
