@@ -13,13 +13,14 @@ those of the machine and the parallelism the command ran with: compare configs o
 Below the table, the first config is compared with every other one, their seeds as two samples: the
 difference of mean final held-out success (first - other) with a 95% bootstrap interval (10,000
 resamples of each config's seeds), and a two-sided Mann-Whitney U test on the finals and on the
-iterations to the bar (a run that never reached it ranks last). Its p is exact (all splits of the
+iterations to the bar (a run that never reached it ranks last); the same difference, interval and
+test for the sampled policy (T = 1): a run's mean training success over its last 5 iterations. Its p is exact (all splits of the
 pooled seeds into two sets of the configs' sizes, ties at mid-rank) up to 200,000 splits, and from
 200,000 random ones above.
 
 `--at N` reads every run as if it had stopped at iteration N: its last eval at or before N is the
-"final", and the bar counts only up to N (e.g. `--report --at 10`: did two configs differ that early?;
-`--at 10 50 150` prints one table per N).
+"final" (its iterations N-4..N the sampled measure), and the bar counts only up to N (e.g.
+`--report --at 10`: did two configs differ that early?; `--at 10 50 150` prints one table per N).
 """
 
 import argparse
@@ -90,6 +91,9 @@ def run_one(k, name, flags, seed, args):
     return name, seed, out, rc
 
 
+SAMPLED = 5  # the sampled-policy measure: mean training success over a run's last 5 iterations read
+
+
 def summarise(name, runs, bar, at=None, show=True):
     """One table row for a config's runs (printed with show); at: read each run only up to that iteration."""
     rows = []
@@ -107,6 +111,8 @@ def summarise(name, runs, bar, at=None, show=True):
                 "wall": ms[-1]["wall"] if ms else float("nan"),
                 "peak": max([m["eval_success"] for m in evals] or [0]),
                 "last": ms[-1]["iteration"] if ms else 0,
+                # the sampled policy (T = 1) on fresh training seeds, played before the update on them
+                "sampled": np.mean([m["success"] for m in ms[-SAMPLED:]]) if ms else float("nan"),
             }
         )
     fin = np.array([r["final"] for r in rows])
@@ -163,12 +169,17 @@ def compare(name_a, rows_a, name_b, rows_b, bar, what="final held-out success"):
         n = sum(map(math.isnan, fa + fb))
         print(f"{name_a} vs {name_b}: not compared ({n} run{'s' * (n > 1)} without a {what})")
         return
-    d, lo, hi = bootstrap_diff(fa, fb)
-    u, p = mann_whitney(fa, fb)
-    print(
-        f"{name_a} - {name_b}: {what} {d:+.3f} (95% bootstrap CI {lo:+.3f} .. {hi:+.3f}); "
-        f"Mann-Whitney U = {u:.1f}, p = {p:.3f} (n = {len(fa)}, {len(fb)})"
-    )
+    for label, key in (
+        (what, "final"),
+        (f"training success at T = 1 (its last {SAMPLED} iterations)", "sampled"),
+    ):
+        a, b = [r[key] for r in rows_a], [r[key] for r in rows_b]
+        d, lo, hi = bootstrap_diff(a, b)
+        u, p = mann_whitney(a, b)
+        print(
+            f"{name_a} - {name_b}: {label} {d:+.3f} ({np.mean(a):.3f} vs {np.mean(b):.3f}; 95% bootstrap "
+            f"CI {lo:+.3f} .. {hi:+.3f}); Mann-Whitney U = {u:.1f}, p = {p:.3f} (n = {len(a)}, {len(b)})"
+        )
     never = 1 + max([r["last"] for r in rows_a + rows_b] + [0])  # never reached: ranks last
     ia = [r["it_bar"] if r["it_bar"] is not None else never for r in rows_a]
     ib = [r["it_bar"] if r["it_bar"] is not None else never for r in rows_b]

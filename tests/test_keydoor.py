@@ -115,18 +115,23 @@ def test_mann_whitney_and_bootstrap_by_hand():
 
 
 def test_sweep_reads_runs_up_to_an_iteration(tmp_path, capsys):
-    """--at N: each run's last eval at or before N is its "final", and the bar counts only up to N."""
+    """--at N: each run's last eval at or before N is its "final", the bar counts only up to N, and the
+    sampled-policy measure is the mean training success of the last 5 iterations up to N."""
     from bench.sweep import summarise
 
     run = tmp_path / "gigpo-s0"
     run.mkdir()
     lines = [
-        {"iteration": i, "wall": 2.0 * i, "eval_success": e} for i, e in ((5, 0.1), (10, 0.2), (15, 0.5))
+        {"iteration": i, "wall": 2.0 * i, "eval_success": [0.1, 0.2, 0.5][i // 5 - 1] if i % 5 == 0 else None}
+        for i in range(1, 16)
     ]
+    for m in lines:
+        m["success"] = m["iteration"] / 100  # training success at T = 1: 0.01 .. 0.15
     (run / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines))
     full, early = summarise("gigpo", [str(run)], 0.4)[0], summarise("gigpo", [str(run)], 0.4, at=12)[0]
     assert (full["final"], full["it_bar"], full["last"]) == (0.5, 15, 15)
-    assert (early["final"], early["it_bar"], early["last"]) == (0.2, None, 10)
+    assert (early["final"], early["it_bar"], early["last"]) == (0.2, None, 12)
+    assert full["sampled"] == pytest.approx(0.13) and early["sampled"] == pytest.approx(0.10)  # 11-15, 8-12
     assert "| gigpo | 0/1 |" in capsys.readouterr().out.splitlines()[-1]
 
 
