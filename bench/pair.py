@@ -186,12 +186,12 @@ def arm_eval(out, arm):
 
 
 def evaluated(out, arm):
-    """Whether the arm's final eval is there: bench.pair's, or the run's own at its checkpoint."""
-    path = os.path.join(arm_eval(out, arm), "eval.json")
-    ev = json.load(open(path)) if os.path.exists(path) else {}
-    return arm_eval(out, arm).endswith("_eval") or ev.get("iteration") == saved_iteration(
-        os.path.join(out, arm)
-    )
+    """Whether the arm's final eval is there: bench.pair's (OUT/ARM_eval), or its run's own at its ckpt."""
+    run_dir = os.path.join(out, arm)
+    if arm_eval(out, arm) != run_dir:
+        return True
+    own = os.path.join(run_dir, "eval.json")
+    return os.path.exists(own) and json.load(open(own)).get("iteration") == saved_iteration(run_dir)
 
 
 def saved_iteration(out_dir):
