@@ -14,9 +14,9 @@ Below the table, the first config is compared with every other one, their seeds 
 difference of mean final held-out success (first - other) with a 95% bootstrap interval (10,000
 resamples of each config's seeds), and a two-sided Mann-Whitney U test on the finals and on the
 iterations to the bar (a run that never reached it ranks last); the same difference, interval and
-test for the sampled policy (T = 1): a run's mean training success over its last 5 iterations. Its p is exact (all splits of the
-pooled seeds into two sets of the configs' sizes, ties at mid-rank) up to 200,000 splits, and from
-200,000 random ones above.
+test for the sampled policy (T = 1): a run's mean training success over its last 5 iterations.
+Its p is exact (all splits of the pooled seeds into two sets of the configs' sizes, ties at
+mid-rank) up to 200,000 splits, and from 200,000 random ones above.
 
 `--at N` reads every run as if it had stopped at iteration N: its last eval at or before N is the
 "final" (its iterations N-4..N the sampled measure), and the bar counts only up to N (e.g.
