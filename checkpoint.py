@@ -25,7 +25,6 @@ import warnings
 
 import numpy as np
 import torch
-from torch.distributed.checkpoint.state_dict import StateDictOptions
 
 from checks import fail, first_line
 from envs import ENVS, env_class, parse_env_args
@@ -225,7 +224,7 @@ def _write(tmp, tmp_hf, it, model, tok, opt, sched, rank, config, gen_model, ext
     when one fails; the full-weight gather writes nothing), then each rank's own files, so a rank
     that fails never leaves the others waiting in a collective."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     msd, osd = trained_state(model, opt)
     dcp.save({"model": msd, "optim": osd}, checkpoint_id=tmp)
@@ -371,7 +370,7 @@ def load_checkpoint(path, model, opt, sched, rank, meta, extra=None):
     one line."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
-    from torch.distributed.checkpoint.state_dict import set_state_dict
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
     frozen = frozen_checksum(model)
     if meta.get("frozen_checksum") is not None and not math.isclose(

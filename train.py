@@ -217,6 +217,7 @@ def main(argv=None):
     # shown: this iteration's recorded training episodes, wandb's table at the next eval
     shown, t_run, limit = [], time.perf_counter(), 60 * cfg.time_limit
     eval_rates, saved = {}, start  # the last eval's rates (every set, task type); the iteration ckpt/ holds
+    lp = dict(cfg=cfg, device=device, pad_id=tok.pad_token_id, packed=packed)  # the log-prob passes' inputs
     its = range(start + 1, cfg.iterations + 1)
     bar = tqdm(its, "train", initial=start, total=cfg.iterations, disable=rank != 0, dynamic_ncols=True)
     for it in bar:
@@ -225,7 +226,6 @@ def main(argv=None):
         samples, episodes, n_dead, timing = collect(cfg, envs, engine, tok, prompt, it, rank, saved)
         # 2. advantages (--algo ppo: GAE on the critic's values), a few whole groups recorded with GiGPO's
         #    view of each step; the update trains on all but DAPO's tied groups, tokens balanced over ranks
-        lp = dict(cfg=cfg, device=device, pad_id=tok.pad_token_id, packed=packed)
         with timer("update", device):
             values = state_values(model, critic, samples, **lp) if critic else None
         parts, targets, keep, adv_stats = advantages(cfg, samples, it, rank, values, tok.eos_token_id)
@@ -262,10 +262,8 @@ def main(argv=None):
         if rank == 0:
             records.show_progress(bar, m, it, wandb, line=it == start + 1 or it % cfg.eval_every == 0)
         if out_of_time and it < cfg.iterations:
-            print0(
-                f"--time_limit {cfg.time_limit:g} min: stopped after iteration {it} of {cfg.iterations} "
-                "(--resume 1 goes on; saved, not evaluated)"
-            )
+            stop = f"after iteration {it} of {cfg.iterations} (--resume 1 goes on; saved, not evaluated)"
+            print0(f"--time_limit {cfg.time_limit:g} min: stopped {stop}")
             break
     bar.close()
     envs.close()
