@@ -115,7 +115,7 @@ def summarise(name, runs, bar, at=None, show=True):
                 "sampled": np.mean([m["success"] for m in ms[-SAMPLED:]]) if ms else float("nan"),
             }
         )
-    fin = np.array([r["final"] for r in rows])
+    fin, sampled = np.array([r["final"] for r in rows]), [r["sampled"] for r in rows]
     reached = [r for r in rows if r["it_bar"] is not None]
     its = np.array([r["it_bar"] for r in reached], float)
     walls = np.array([r["wall_bar"] for r in reached], float)
@@ -124,7 +124,7 @@ def summarise(name, runs, bar, at=None, show=True):
         print(
             f"| {name} | {len(reached)}/{len(rows)} | {fmt(its, 0)} | {fmt(walls, 0)} | {fmt(fin, 3)} | "
             f"{sum(f >= 0.9 for f in fin)}/{len(rows)} | {np.mean([r['wall'] for r in rows]):.0f} | "
-            f"{' '.join(f'{f:.2f}' for f in fin)} |"
+            f"{' '.join(f'{f:.2f}' for f in fin)} | {' '.join(f'{x:.2f}' for x in sampled)} |"
         )
     return rows
 
@@ -236,8 +236,8 @@ def main():
         final = "final" if at is None else f"at iteration {at}:"
         print(
             f"\n| config | reached {args.bar} | iterations to {args.bar} | seconds to {args.bar} "
-            f"| {final} held-out success | {final} >= 0.9 | run seconds | {final} |"
-            "\n|---|---|---|---|---|---|---|---|"
+            f"| {final} held-out success | {final} >= 0.9 | run seconds | {final} "
+            f"| training success at T = 1, last {SAMPLED} iterations |\n" + "|---" * 9 + "|"
         )
         rows = {
             name: summarise(name, [out for n, _, out, _ in done if n == name], args.bar, at)
