@@ -144,7 +144,7 @@ def replicate(args, extra):
         )
     print(f"arms {', '.join(procs) or '(done before)'}: {minutes:.1f} min each, logs {out}/ARM.log")
     failed = [arm for arm, p in procs.items() if p.wait()]
-    at = {arm: saved_iteration(os.path.join(out, arm)) for arm in args.arms}
+    at.update({arm: saved_iteration(os.path.join(out, arm)) for arm in args.arms})  # done() reads it
     kept = carry(out, args.arms, with_ckpt=bool(args.lora_rank))  # also what a failed arm had saved
     if failed:
         sys.exit(f"error: bench.pair: {', '.join(failed)} failed: see {out}/{failed[0]}.log")
