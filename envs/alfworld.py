@@ -21,8 +21,9 @@ Measured on 2 cores before the speed-ups below: load + reset ~0.8-1.2 s per game
 ~10 MB a game. Nearly all of a step was TextWorld wording each admissible command (`textgen.derive`):
 re-parsing the same grammar templates and conditions, and deep-copying its contexts; most of a
 reset was fast-downward translating the game's PDDL, four times. SPEEDUPS memoizes the parses and
-translations and makes the copies shallow, on import: the same observations and admissible lists
-(tests/test_alfworld.py), steps ~6x and resets ~4x faster (`python -m bench.alfworld --speedup_ab 1`).
+translations, makes the copies shallow and the facts' sort cheap, on import: the same observations
+and admissible lists (tests/test_alfworld.py), steps ~15x and resets ~4x faster (`python -m
+bench.alfworld --speedup_ab 1`).
 
 The anchor (GiGPO's step-group key) is the raw observation, as the reference has it. With
 `--env_args inert_anchor=1` an action answered "Nothing happens." keeps the previous anchor: nothing
@@ -63,11 +64,41 @@ from textworld.envs.wrappers import Filter
 from envs import TextSpace
 
 
-def memoize_copies(fn, size):
-    """fn with its results kept (LRU, the last `size` argument sets) and handed out as deep copies:
-    for a pure function whose callers mutate what they get."""
+def memoize(fn, size, copy=lambda x: x):
+    """fn with its results kept (LRU, the last `size` argument sets), each call given copy(result)."""
     cached = functools.lru_cache(maxsize=size)(fn)
-    return functools.wraps(fn)(lambda *args, **kwargs: copy.deepcopy(cached(*args, **kwargs)))
+    return functools.wraps(fn)(lambda *args, **kwargs: copy(cached(*args, **kwargs)))
+
+
+def clone_symbol(symbol):
+    """A grammar symbol copied as deepcopy would, without deepcopy's generic walk: the symbol and the
+    symbols it holds (a conditional's expression, a list's item) are new objects; strings and the
+    context are shared (callers give a copy a new context, never change the old one in place)."""
+    new = copy.copy(symbol)
+    for attr in ("expression", "symbol"):
+        if isinstance(getattr(new, attr, None), textgen.Symbol):
+            setattr(new, attr, clone_symbol(getattr(new, attr)))
+    return new
+
+
+def copy_symbol(self, context):
+    """textgen.Symbol.copy: the symbol cloned (not deep-copied with its old context) in a new context."""
+    new = clone_symbol(self)
+    new.context = textgen.copy_context(context)
+    return new
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def fact_key(fact):
+    return fact.name, tuple((v.name, v.type) for v in fact.arguments)
+
+
+def fact_before(self, other):
+    """Proposition.__lt__ (the order TextWorld sorts a state's facts in, at every query) on cached
+    tuples of strings: the same order as comparing (name, arguments) variable by variable."""
+    if not isinstance(other, logic.Proposition):
+        return NotImplemented
+    return fact_key(self) < fact_key(other)
 
 
 def shallow_context(context):
@@ -99,17 +130,26 @@ def give_library_back(env):
 # TextWorld's slow spots, replaced in this process on import; the library's own kept in ORIGINAL.
 # - textgen's template parser: derive() re-parses (tatsu) the template of every admissible command on
 #   every step, from a small fixed set of templates; its callers then set each symbol's context.
-# - textworld.logic's parser: textgen.query parses the same few conditions ("given" clauses) each time.
-# - textgen.copy_context: deep copies on every derivation step (shallow_context above).
+# - textworld.logic's parser: textgen.query parses the same few conditions ("given" clauses) each time;
+#   its rules and facts are values no caller changes, so one parse is handed out to all.
+# - textgen.copy_context: deep copies on every derivation step (shallow_context above); Symbol.copy
+#   deep-copies a symbol with its old context, which it then replaces (copy_symbol).
+# - Proposition.__lt__: every query sorts the state's facts, comparing variable by variable in Python.
 # - fast-downward's PDDL -> SAS translation: TextWorld builds a game's state at load and again at
 #   every reset, each time translating twice (plain, and optimized for the planner): ~90% of a reset.
 #   32 entries = the last 16 games; a reset of a loaded game, and a group's other envs in the same
 #   worker, skip it.
 SPEEDUPS = {  # name -> (module, attribute, ours)
-    "template parses": (textgen, "_parse_and_convert", memoize_copies(textgen._parse_and_convert, 8192)),
-    "condition parses": (logic, "_parse_and_convert", memoize_copies(logic._parse_and_convert, 8192)),
+    "template parses": (
+        textgen,
+        "_parse_and_convert",
+        memoize(textgen._parse_and_convert, 8192, lambda symbols: [clone_symbol(s) for s in symbols]),
+    ),
+    "condition parses": (logic, "_parse_and_convert", memoize(logic._parse_and_convert, 8192)),
     "shallow contexts": (textgen, "copy_context", shallow_context),
-    "PDDL translations": (fast_downward, "pddl2sas", memoize_copies(fast_downward.pddl2sas, 32)),
+    "symbol copies": (textgen.Symbol, "copy", copy_symbol),
+    "fact order": (logic.Proposition, "__lt__", fact_before),
+    "PDDL translations": (fast_downward, "pddl2sas", memoize(fast_downward.pddl2sas, 32, copy.deepcopy)),
     "library reuse": (fast_downward, "load_lib", reuse_library),  # the two halves of the reuse
     "library return": (PddlEnv, "close", give_library_back),  # above (not speed: disk)
 }
