@@ -113,9 +113,9 @@ def test_walkthrough_wins_with_reward_10_and_reset_is_repeatable(data_dir):
 
 def test_speedups_play_the_same_game(data_dir):
     """envs.alfworld replaces TextWorld's slow spots (memoized template and condition parses and PDDL
-    translations, shallow context and symbol copies, a cheaper fact order): the same observations, admissible lists and rewards as
-    TextWorld's own, step for step, on games of random admissible actions (one game twice, so the
-    second loads from the cache), with all of them and with each alone."""
+    translations, shallow context and symbol copies, a cheaper fact order): the same observations,
+    admissible lists and rewards as TextWorld's own, step for step, on games of random admissible
+    actions (one game twice, so the second loads from the cache), with all of them and each alone."""
     import envs.alfworld as alf
 
     assert all(getattr(m, a) is ours for m, a, ours in alf.SPEEDUPS.values())  # applied on import
