@@ -25,6 +25,7 @@ Below main: the helpers of its sections, then the command line (parse_args; its 
 
 import contextlib
 import dataclasses
+import faulthandler
 import json
 import math
 import os
@@ -591,6 +592,7 @@ def _interrupt(signum, frame):
 
 if __name__ == "__main__":
     signal.signal(signal.SIGTERM, _interrupt)
+    faulthandler.register(signal.SIGUSR1)  # `kill -USR1 PID`: every thread's stack to stderr (a hung run)
     try:
         main()
     except KeyboardInterrupt:  # Ctrl-C: one line that says what is kept, not a traceback

@@ -73,6 +73,9 @@ def background_run(out, *extra):
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
+        # Ctrl-C as a terminal sends it, even where pytest runs in the background (bash then has
+        # SIGINT ignored, and a child that inherits that never sees the test's SIGINT)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
 
 
@@ -247,7 +250,15 @@ def test_ctrl_c_is_one_line_that_says_what_was_kept(tmp_path):
     proc = background_run(out)
     wait_for_checkpoint(out, proc)
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
+    try:
+        _, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:  # say where it hangs (train.py's SIGUSR1 handler)
+        proc.send_signal(signal.SIGUSR1)
+        time.sleep(2)
+        proc.kill()
+        raise AssertionError(
+            "no exit 120 s after Ctrl-C; stacks:\n" + proc.communicate()[1][-6000:]
+        ) from None
     last = err.strip().splitlines()[-1]
     assert proc.returncode != 0 and "Traceback" not in err, err[-3000:]
     assert last.startswith("error: interrupted") and "keeps iteration" in last and "--resume 1" in last, last
