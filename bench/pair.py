@@ -202,11 +202,18 @@ def saved_iteration(out_dir):
 
 def carry(out, arms, with_ckpt):
     """OUT/carry.tgz: what a replicate needs to go on elsewhere, the small files only: the expert data,
-    the clone's adapter (--lora_rank) and eval, each arm's log, eval and (with LoRA: MBs) checkpoint.
-    Not the merged clone or the arms' model/ exports, which are rebuilt or rewritten."""
+    the clone's adapter (--lora_rank) and eval, each arm's logs (episodes.jsonl: bench.credit's input),
+    eval and (with LoRA: MBs) checkpoint. Not the merged clone or the arms' model/ exports, which are
+    rebuilt or rewritten."""
     names = ["bc.jsonl", "clone/bc.json", "clone/adapter", "clone_eval", "pair.log", "pair.md"]
     for arm in arms:
-        names += [f"{arm}.log", f"{arm}/metrics.jsonl", f"{arm}/eval.json", f"{arm}_eval"]
+        names += [
+            f"{arm}.log",
+            f"{arm}/metrics.jsonl",
+            f"{arm}/episodes.jsonl",
+            f"{arm}/eval.json",
+            f"{arm}_eval",
+        ]
         if with_ckpt:
             names.append(os.path.relpath(checkpoint.checkpoint_path(os.path.join(out, arm)), out))
     path = os.path.join(out, "carry.tgz")

@@ -663,4 +663,5 @@ def test_pair_with_lora_goes_on_on_another_machine_from_its_carry(
     assert not list(out.glob("*.cut*"))  # resumed, not started over
     for arm in ("gigpo", "grpo"):
         assert [json.loads(line)["iteration"] for line in open(out / arm / "metrics.jsonl")] == [1, 2]
+        assert {json.loads(line)["iteration"] for line in open(out / arm / "episodes.jsonl")} == {1, 2}
         assert json.load(open(out / arm / "eval.json"))["iteration"] == 2
