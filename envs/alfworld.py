@@ -64,10 +64,11 @@ from textworld.envs.wrappers import Filter
 from envs import TextSpace
 
 
-def memoize(fn, size, copy=lambda x: x):
-    """fn with its results kept (LRU, the last `size` argument sets), each call given copy(result)."""
+def memoize(fn, size, hand_out=lambda result: result):
+    """fn with its results kept (LRU, the last `size` argument sets); each call gets hand_out(result)
+    (a copy, where callers change what they get)."""
     cached = functools.lru_cache(maxsize=size)(fn)
-    return functools.wraps(fn)(lambda *args, **kwargs: copy(cached(*args, **kwargs)))
+    return functools.wraps(fn)(lambda *args, **kwargs: hand_out(cached(*args, **kwargs)))
 
 
 def clone_symbol(symbol):
