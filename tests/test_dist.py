@@ -78,6 +78,37 @@ def test_compiled_layers_score_and_train_like_plain_ones():
         assert torch.allclose(p.grad, q.grad, atol=1e-5)
 
 
+def saved_bytes_and_grads(model, batch):
+    """The bytes autograd keeps for the backward of one micro-batch's log-probs, and the gradients."""
+    kept = [0]
+
+    def pack(t):
+        kept[0] += t.numel() * t.element_size()
+        return t
+
+    model.zero_grad()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        logp = ppo.response_logprobs(model, batch, "cpu")[0]
+    logp.sum().backward()
+    return kept[0], [p.grad.clone() for p in model.parameters()]
+
+
+def test_grad_ckpt_recomputes_in_eval_mode_with_the_same_gradients():
+    """--grad_ckpt 1 on an eval-mode model (train.py's: from_pretrained returns one; transformers' own
+    checkpointing acts only in train mode and so kept every activation): fsdp.shard's checkpointed
+    layers keep a fraction of the bytes for the backward, and give the same gradients."""
+    samples, _ = fixed_batch()
+    plain, tok = build_tiny("treasure", seed=0, layers=4)
+    ckpt, _ = build_tiny("treasure", seed=0, layers=4)
+    ckpt = fsdp.shard(ckpt.eval(), torch.device("cpu"), grad_ckpt=True)
+    batch = ppo.make_batch(samples, list(range(len(samples))), tok.pad_token_id, True)
+    (kept_plain, g_plain), (kept_ckpt, g_ckpt) = (
+        saved_bytes_and_grads(m, batch) for m in (plain.eval(), ckpt)
+    )
+    assert kept_ckpt < kept_plain / 2, (kept_ckpt, kept_plain)
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(g_plain, g_ckpt))
+
+
 def test_compiled_layers_with_lora_train_like_plain_ones_and_turn_adapters_off():
     """--compile 1 with --lora_rank (not auto's choice, not measured on a GPU): compiled decoder
     layers holding LoRA adapters give the plain model's log-probs and adapter gradients, and
