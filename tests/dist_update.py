@@ -48,7 +48,7 @@ if __name__ == "__main__":
 
     torch.set_num_threads(1)
     model, tok = build_tiny("treasure", seed=0)
-    model = fsdp.shard(model, device)
+    model = fsdp.shard(model.eval(), device, grad_ckpt="--grad_ckpt" in sys.argv)  # eval: as from_pretrained
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda it: 1.0)
     samples, adv = fixed_batch()

@@ -331,11 +331,15 @@ def test_micro_batches_respect_the_token_budget():
 
 def test_two_gloo_ranks_update_like_one_process(tmp_path):
     """One update on a fixed batch: FSDP2 over 2 ranks (3/4 and 1/4 of the samples, then token
-    balancing) == one process."""
+    balancing), with activation checkpointing, == one process without."""
     script = os.path.join(ROOT, "tests", "dist_update.py")
     subprocess.run([sys.executable, script, str(tmp_path / "one.pt")], check=True, env=ENV, timeout=300)
     ranks = subprocess.run(
-        torchrun(script, str(tmp_path / "two.pt")), env=ENV, timeout=300, capture_output=True, text=True
+        torchrun(script, str(tmp_path / "two.pt"), "--grad_ckpt"),
+        env=ENV,
+        timeout=300,
+        capture_output=True,
+        text=True,
     )
     where = "\n".join(
         line for line in ranks.stderr.splitlines() if "dist_update rank" in line or "terminate" in line
