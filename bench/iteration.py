@@ -252,9 +252,10 @@ def main():
         )
     phases = {k[5:]: m[k] for k in PHASES[:-1]}
     top = max(phases, key=phases.get)
+    share = {k: v / m["time_iteration"] for k, v in phases.items()}
     print(
         f"steady state (iteration {m['iteration']}): {m['time_iteration']:.1f} s; largest phase: {top}, "
-        f"{phases[top] / m['time_iteration']:.0%} of it"
+        f"{share[top]:.0%} of it; the env wait: {share['env']:.0%}"
     )
     if len(lines) > 1:
         first = lines[0]

@@ -1,5 +1,6 @@
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -970,4 +971,5 @@ def test_bench_iteration_reports_every_iteration_and_the_last_as_steady_state(tm
         assert 0 < m["time_ref_logprobs"] < m["time_logprobs"] < m["time_update"] < m["time_iteration"]
         assert m["samples"] > 0 and m["response_tokens"] <= 8
     assert "steady state (iteration 2)" in r.stdout and "| 1 |" in r.stdout and "| 2 |" in r.stdout
+    assert re.search(r"the env wait: \d+%", r.stdout), r.stdout[-500:]
     assert "--iterations 2" in r.stdout  # the train.py command it timed
