@@ -196,8 +196,8 @@ def checkpointed(forward):
     """A layer's forward whose activations are recomputed in the backward instead of kept (when grad is
     on). Not transformers' gradient_checkpointing_enable: that acts only in train mode, and a model
     from from_pretrained is in eval mode (no dropout: the same log-probs in every pass), where it
-    silently kept every activation (SmolLM2, a 1024-token fp32 forward: 1,748 MB of activations kept
-    for the backward, 74 MB with this; tests/test_dist.py)."""
+    silently kept every activation (SmolLM2, a 1024-token fp32 forward on CPU: 1,748 MB of activations
+    kept for the backward, 74 MB with this: ../LOG.md; tests/test_dist.py checks the saving)."""
 
     def run(*args, **kwargs):
         if not torch.is_grad_enabled():
