@@ -22,8 +22,8 @@ Measured on 2 cores before the speed-ups below: load + reset ~0.8-1.2 s per game
 re-parsing the same grammar templates and conditions, and deep-copying its contexts; most of a
 reset was fast-downward translating the game's PDDL, four times. SPEEDUPS memoizes the parses and
 translations, makes the copies shallow and the facts' sort cheap, on import: the same observations
-and admissible lists (tests/test_alfworld.py), steps ~15x and resets ~4x faster (`python -m
-bench.alfworld --speedup_ab 1`).
+and admissible lists (tests/test_alfworld.py), steps ~19x and resets ~5x faster (`python -m
+bench.alfworld --speedup_ab 1`, bench/README.md).
 
 The anchor (GiGPO's step-group key) is the raw observation, as the reference has it. With
 `--env_args inert_anchor=1` an action answered "Nothing happens." keeps the previous anchor: nothing
