@@ -217,7 +217,7 @@ def main(argv=None):
     episode_log = records.EpisodeLog(cfg.out_dir, records.LOG_MB, start) if rank == 0 else None
     # shown: this iteration's recorded training episodes, wandb's table at the next eval
     shown, t_run, limit = [], time.perf_counter(), 60 * cfg.time_limit
-    eval_rates, saved = {}, start  # the last eval's rates (every set, task type); the iteration ckpt/ holds
+    eval_rates, eval_it, saved = {}, start, start  # the last eval's rates (every set, task type), its iteration; ckpt/'s
     lp = dict(cfg=cfg, device=device, pad_id=tok.pad_token_id, packed=packed)  # the log-prob passes' inputs
     its = range(start + 1, cfg.iterations + 1)
     bar = tqdm(its, "train", initial=start, total=cfg.iterations, disable=rank != 0, dynamic_ncols=True)
@@ -249,7 +249,7 @@ def main(argv=None):
         evaluate_now = it % cfg.eval_every == 0 or it == cfg.iterations  # not at a --time_limit stop
         checkpoint = evaluate_now or out_of_time
         if evaluate_now and rank == 0:
-            eval_rates = run_eval(cfg, tok, eval_envs, prompt, engine, it, episode_log)
+            eval_rates, eval_it = run_eval(cfg, tok, eval_envs, prompt, engine, it, episode_log), it
             if wandb and shown:
                 wandb.log({"episodes": records.wandb_table(wandb, shown)}, step=it)
         # 6. log: the metrics line first, then the checkpoint (ckpt/ and model/ never lead the log)
@@ -275,7 +275,7 @@ def main(argv=None):
         print(f"done in {time.perf_counter() - t_run:.0f}s; model saved to {cfg.out_dir}/model")
         if eval_rates:
             rates, random_rates = success_text(eval_rates), success_text(baseline)
-            print(f"held-out success {rates} ({eval_what(cfg)}; random policy {random_rates})")
+            print(f"held-out success {rates} ({eval_what(cfg)}; random policy {random_rates}) at iteration {eval_it}")
     finish_dist(engine)
     return headline(eval_rates) if rank == 0 and eval_rates else None
 

@@ -231,6 +231,8 @@ def test_time_limit_stops_saved_not_evaluated_then_resume_goes_on(tmp_path, caps
     assert train.main([*args, "--resume", "1"]) is not None
     assert iterations(out) == [1, 2, 3]
     assert json.load(open(out / "eval.json"))["iteration"] == 3
+    last = capsys.readouterr().out.strip().splitlines()[-1]  # the eval it reports, named
+    assert last.startswith("held-out success") and last.endswith("at iteration 3"), last
 
 
 def _children(pid):

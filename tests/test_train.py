@@ -195,6 +195,7 @@ def test_two_iterations_end_to_end(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     last = r.stdout.strip().splitlines()[-1]
     assert last.startswith("held-out success") and "random policy" in last
+    assert last.endswith("at iteration 2"), last
     rows = [json.loads(l) for l in open(out / "metrics.jsonl")]
     assert [m["iteration"] for m in rows] == [1, 2]
     for key in (
