@@ -217,7 +217,7 @@ def main(argv=None):
     episode_log = records.EpisodeLog(cfg.out_dir, records.LOG_MB, start) if rank == 0 else None
     # shown: this iteration's recorded training episodes, wandb's table at the next eval
     shown, t_run, limit = [], time.perf_counter(), 60 * cfg.time_limit
-    eval_rates, eval_it, saved = {}, start, start  # the last eval's rates (every set, task type), its iteration; ckpt/'s
+    eval_rates, eval_it, saved = {}, start, start  # the last eval's rates and iteration; ckpt/'s iteration
     lp = dict(cfg=cfg, device=device, pad_id=tok.pad_token_id, packed=packed)  # the log-prob passes' inputs
     its = range(start + 1, cfg.iterations + 1)
     bar = tqdm(its, "train", initial=start, total=cfg.iterations, disable=rank != 0, dynamic_ncols=True)
@@ -274,8 +274,8 @@ def main(argv=None):
         eval_envs and eval_envs.close()
         print(f"done in {time.perf_counter() - t_run:.0f}s; model saved to {cfg.out_dir}/model")
         if eval_rates:
-            rates, random_rates = success_text(eval_rates), success_text(baseline)
-            print(f"held-out success {rates} ({eval_what(cfg)}; random policy {random_rates}) at iteration {eval_it}")
+            what = f"({eval_what(cfg)}; random policy {success_text(baseline)}) at iteration {eval_it}"
+            print(f"held-out success {success_text(eval_rates)} {what}")
     finish_dist(engine)
     return headline(eval_rates) if rank == 0 and eval_rates else None
 
