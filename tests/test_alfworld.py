@@ -380,7 +380,7 @@ def test_train_one_iteration_then_eval_only(data_dir, tmp_path):
     assert re.fullmatch(
         r"held-out success valid_seen 0\.000, valid_unseen 0\.000 \(valid_seen 1 \+ "
         r"valid_unseen 1 games, T=0\.4; random policy valid_seen \d\.\d{3}, "
-        r"valid_unseen \d\.\d{3}\)",
+        r"valid_unseen \d\.\d{3}\) at iteration 1",
         last,
     ), last
     row = json.loads(open(out / "metrics.jsonl").read().splitlines()[-1])
