@@ -122,9 +122,9 @@ def reuse_library():
     return FREE_LIBRARIES.pop() if FREE_LIBRARIES else load_library()
 
 
-def give_library_back(env):
+def give_library_back(env, free=FREE_LIBRARIES):  # bound now: a game closed at exit finds no globals
     if getattr(env, "downward_lib", None) is not None:
-        FREE_LIBRARIES.append(env.downward_lib)
+        free.append(env.downward_lib)
         env.downward_lib = None
 
 
