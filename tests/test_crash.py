@@ -235,6 +235,36 @@ def test_time_limit_stops_saved_not_evaluated_then_resume_goes_on(tmp_path, caps
     assert last.startswith("held-out success") and last.endswith("at iteration 3"), last
 
 
+def test_time_limit_stop_after_an_eval_reports_that_eval_and_its_iteration(tmp_path, capsys, monkeypatch):
+    """A --time_limit stop one iteration after an eval: the last line reports that eval, named by its
+    iteration (2), not the stop's (3). The clock is the test's: it jumps past the limit in the eval."""
+    clock = [0.0]
+
+    def tick():  # every reading a millisecond later, so rates stay finite
+        clock[0] += 1e-3
+        return clock[0]
+
+    monkeypatch.setattr(time, "perf_counter", tick)
+    real_eval = train.run_eval
+
+    def slow_eval(*a, **kw):
+        out = real_eval(*a, **kw)
+        clock[0] += 3600.0  # the eval took an hour: the next iteration is past the limit
+        return out
+
+    monkeypatch.setattr(train, "run_eval", slow_eval)
+    out = tmp_path / "run"
+    args = [*ARGS, "--eval_every", "2", "--iterations", "5", "--time_limit", "1", "--out_dir", str(out)]
+    assert train.main(args) is not None
+    assert iterations(out) == [1, 2, 3]
+    assert json.load(open(out / "ckpt" / "meta.json"))["iteration"] == 3
+    assert json.load(open(out / "eval.json"))["iteration"] == 2
+    text = capsys.readouterr().out
+    assert "stopped after iteration 3 of 5" in text
+    last = text.strip().splitlines()[-1]
+    assert last.startswith("held-out success") and last.endswith("at iteration 2"), last
+
+
 def _children(pid):
     """Live processes whose parent is pid (from /proc: no psutil needed)."""
     kids = []

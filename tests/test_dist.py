@@ -329,13 +329,14 @@ def test_micro_batches_respect_the_token_budget():
             assert len(mb) == 1 or (sum(lens) if packed else max(lens) * len(lens)) <= 40
 
 
-def test_two_gloo_ranks_update_like_one_process(tmp_path):
+@pytest.mark.parametrize("ckpt", [True, False], ids=["grad_ckpt", "no_ckpt"])
+def test_two_gloo_ranks_update_like_one_process(tmp_path, ckpt):
     """One update on a fixed batch: FSDP2 over 2 ranks (3/4 and 1/4 of the samples, then token
-    balancing), with activation checkpointing, == one process without."""
+    balancing), with activation checkpointing and without, == one process without."""
     script = os.path.join(ROOT, "tests", "dist_update.py")
     subprocess.run([sys.executable, script, str(tmp_path / "one.pt")], check=True, env=ENV, timeout=300)
     ranks = subprocess.run(
-        torchrun(script, str(tmp_path / "two.pt"), "--grad_ckpt"),
+        torchrun(script, str(tmp_path / "two.pt"), *["--grad_ckpt"] * ckpt),
         env=ENV,
         timeout=300,
         capture_output=True,
