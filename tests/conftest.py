@@ -1,5 +1,6 @@
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -11,6 +12,28 @@ sys.path.insert(0, ROOT)
 torch.set_num_threads(2)
 # a train.py run of a few seconds: 2 x 2 envs, the transformers engine, an eval of 2 at every iteration
 SMALL_RUN = "--n_groups 2 --group_size 2 --eval_episodes 2 --engine hf --eval_every 1 --mini_batch 8".split()
+
+
+@pytest.fixture(scope="module")
+def done_run(request, tmp_path_factory):
+    """A finished 2-iteration run with the test module's ARGS, checkpointed at both; tests work on copies."""
+    import train
+
+    out = tmp_path_factory.mktemp("done") / "run"
+    train.main([*request.module.ARGS, "--iterations", "2", "--out_dir", str(out)])
+    return out
+
+
+@pytest.fixture
+def run(done_run, tmp_path):
+    """A copy of done_run, the test's own."""
+    shutil.copytree(done_run, tmp_path / "run")
+    return tmp_path / "run"
+
+
+def iterations(out):
+    """The iteration of each line of a run's metrics.jsonl."""
+    return [json.loads(line)["iteration"] for line in open(out / "metrics.jsonl")]
 
 
 @pytest.fixture(scope="session")

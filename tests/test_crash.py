@@ -14,7 +14,7 @@ import time
 
 import pytest
 import torch
-from conftest import SMALL_RUN
+from conftest import SMALL_RUN, iterations
 
 import checkpoint
 import train
@@ -25,24 +25,6 @@ ARGS = SMALL_RUN
 
 class Killed(BaseException):
     """A kill -9 at this point: nothing after it runs (not even `except Exception`)."""
-
-
-@pytest.fixture(scope="module")
-def done_run(tmp_path_factory):
-    """A finished 2-iteration run, checkpointed at both; tests work on copies."""
-    out = tmp_path_factory.mktemp("done") / "run"
-    train.main([*ARGS, "--iterations", "2", "--out_dir", str(out)])
-    return out
-
-
-@pytest.fixture
-def run(done_run, tmp_path):
-    shutil.copytree(done_run, tmp_path / "run")
-    return tmp_path / "run"
-
-
-def iterations(out):
-    return [json.loads(line)["iteration"] for line in open(out / "metrics.jsonl")]
 
 
 def resume(out, iters=3):

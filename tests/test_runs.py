@@ -6,7 +6,6 @@ test needs a second process or a signal."""
 import errno
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -14,31 +13,13 @@ import time
 
 import pytest
 import torch
-from conftest import SMALL_RUN
+from conftest import SMALL_RUN, iterations
 
 import records
 import train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ARGS = [*SMALL_RUN, "--metrics", "all"]  # all: the lr test reads "lr"
-
-
-@pytest.fixture(scope="module")
-def done_run(tmp_path_factory):
-    """A finished 2-iteration run, checkpointed at both; tests work on copies."""
-    out = tmp_path_factory.mktemp("done") / "run"
-    train.main([*ARGS, "--iterations", "2", "--out_dir", str(out)])
-    return out
-
-
-@pytest.fixture
-def run(done_run, tmp_path):
-    shutil.copytree(done_run, tmp_path / "run")
-    return tmp_path / "run"
-
-
-def iterations(out):
-    return [json.loads(line)["iteration"] for line in open(out / "metrics.jsonl")]
 
 
 def saved_at(out):
