@@ -173,9 +173,10 @@ def interrupted(out_dir):
     return f"interrupted: {kept_text(out_dir)}"
 
 
-def save(out_dir, it, model, tok, opt, sched, rank, config, gen_model=None, extra=None, metrics_line=None):
+def save(out_dir, it, model, tok, opt, sched, rank, config, gen_model=None, extra=None, notes=None):
     """out_dir/ckpt (model + optimizer shards of every rank, iteration, config (a dict), scheduler,
-    per-rank RNG, this iteration's metrics line (kept_log puts it back if the log lost it); extra:
+    per-rank RNG, notes ({key: JSON value} for meta.json: train.py's metrics line, which kept_log puts
+    back if the log lost it, and the random policy's rates); extra:
     {name: object with state_dict()} kept whole by rank 0 in ckpt/extra.pt, e.g. --algo ppo's critic,
     replicated on every rank) and out_dir/model (HF format: transformers and vLLM load it as is).
     Each is written under a temp name then swapped in, so a crash mid-write never destroys the last
@@ -191,7 +192,7 @@ def save(out_dir, it, model, tok, opt, sched, rank, config, gen_model=None, extr
 
     error = None
     try:
-        _write(tmp, tmp_hf, it, model, tok, opt, sched, rank, config, gen_model, extra, metrics_line)
+        _write(tmp, tmp_hf, it, model, tok, opt, sched, rank, config, gen_model, extra, notes)
     except (Exception, CheckpointException) as e:  # CheckpointException: a BaseException
         if _caused(e, lambda x: isinstance(x, KeyboardInterrupt)):  # Ctrl-C inside dcp: wrapped as a failure
             raise KeyboardInterrupt from e
@@ -219,7 +220,7 @@ def save(out_dir, it, model, tok, opt, sched, rank, config, gen_model=None, extr
     barrier()
 
 
-def _write(tmp, tmp_hf, it, model, tok, opt, sched, rank, config, gen_model, extra, metrics_line):
+def _write(tmp, tmp_hf, it, model, tok, opt, sched, rank, config, gen_model, extra, notes):
     """save's writes, all under temp names: first the collective steps (dcp.save raises on every rank
     when one fails; the full-weight gather writes nothing), then each rank's own files, so a rank
     that fails never leaves the others waiting in a collective."""
@@ -247,8 +248,8 @@ def _write(tmp, tmp_hf, it, model, tok, opt, sched, rank, config, gen_model, ext
                     "iteration": it,
                     "config": config,
                     "sched": sched.state_dict(),
-                    "metrics_line": metrics_line,
                     "frozen_checksum": frozen,
+                    **(notes or {}),
                 },
                 f,
             )

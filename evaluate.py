@@ -169,6 +169,13 @@ def success_text(rates):
     return ", ".join(f"{name} {r:.3f}" for name, r in sets.items())
 
 
+def random_policy_key(cfg):
+    """What the random policy's success depends on: the env, its arguments and the eval episodes. A
+    checkpoint keeps the rates under it, so --resume does not play them again (ALFWorld's two splits,
+    ~13,700 random steps, take minutes) unless the eval changed."""
+    return json.dumps([cfg.env, cfg.env_args, eval_plan(cfg)], sort_keys=True, default=str)
+
+
 def random_policy_success(cfg, envs):
     """The same eval episodes played by a uniformly random admissible action -> {set: success}. A step
     whose env lists none (free-text answers) plays the empty action, a no-op (README, "Add an env")."""

@@ -53,7 +53,16 @@ from checkpoint import (
 )
 from checks import check_config, fail
 from envs import GroupedEnvs, parse_env_args
-from evaluate import HELD_OUT, eval_plan, eval_what, evaluate, headline, random_policy_success, success_text
+from evaluate import (
+    HELD_OUT,
+    eval_plan,
+    eval_what,
+    evaluate,
+    headline,
+    random_policy_key,
+    random_policy_success,
+    success_text,
+)
 from fsdp import (
     all_finite,
     all_gather,
@@ -207,10 +216,12 @@ def main(argv=None):
     critic = make_critic(cfg, model, device)
     extra = {"critic": critic} if critic else None
     start = resume(cfg, meta, model, opt, sched, rank, extra, engine, print0) if meta else 0
-    baseline = random_policy_success(cfg, eval_envs) if rank == 0 else None
+    played = random_policy_key(cfg) if rank == 0 else None  # kept in the checkpoint: played once a run
+    kept_rates = (meta or {}).get("random_policy", {}).get(played)
+    baseline = (kept_rates or random_policy_success(cfg, eval_envs)) if rank == 0 else None
     print0(
         f"random policy on the eval episodes ({eval_what(cfg).split(',')[0]}): success "
-        f"{baseline and success_text(baseline)}"
+        f"{baseline and success_text(baseline)}{' (as played before the checkpoint)' * bool(kept_rates)}"
     )
     log = open_metrics_log(cfg.out_dir, kept, start) if rank == 0 else None
     wandb = records.open_wandb(cfg) if cfg.wandb and rank == 0 else None
@@ -258,7 +269,8 @@ def main(argv=None):
         if rank == 0:
             records.append_lines(log, json.dumps(m) + "\n")
         if checkpoint:
-            save(cfg.out_dir, it, model, tok, opt, sched, rank, config, gen_model, extra, json.dumps(m))
+            notes = {"metrics_line": json.dumps(m), "random_policy": {played: baseline}}
+            save(cfg.out_dir, it, model, tok, opt, sched, rank, config, gen_model, extra, notes)
             saved = it
         if rank == 0:
             records.show_progress(bar, m, it, wandb, line=it == start + 1 or it % cfg.eval_every == 0)
