@@ -191,7 +191,7 @@ TOP_P = 1.0  # rollout nucleus sampling: off, the whole distribution (paper: 1.0
 def main(argv=None):
     """One run: set-up, then sections 1-6 of the module docstring for every iteration -> the final
     eval success on rank 0 (None on the others)."""
-    cfg = parse_args(sys.argv[1:] if argv is None else argv)
+    cfg, t_set_up = parse_args(sys.argv[1:] if argv is None else argv), [time.perf_counter()]
     check_config(cfg)
     meta = claim_out_dir(cfg)  # out_dir locked; a fresh run never writes over a run
     log_path, config = os.path.join(cfg.out_dir, "metrics.jsonl"), dataclasses.asdict(cfg)
@@ -211,11 +211,13 @@ def main(argv=None):
         return evaluate_only(cfg, rank, device, eval_envs, prompt)
     envs = GroupedEnvs(cfg.env, cfg.n_groups // world, cfg.group_size, workers=cfg.env_workers, **env_args)
     print0(f"config: {json.dumps(config)}\n{batch_arithmetic(cfg, world, envs)}")
+    t_set_up.append(time.perf_counter())
     model, tok, ref, engine, gen_model, packed = build_policy(cfg, device, world, print0)
     opt, sched = make_optimizer(cfg, model, device)
     critic = make_critic(cfg, model, device)
     extra = {"critic": critic} if critic else None
     start = resume(cfg, meta, model, opt, sched, rank, extra, engine, print0) if meta else 0
+    t_set_up.append(time.perf_counter())
     played = random_policy_key(cfg) if rank == 0 else None  # kept in the checkpoint: played once a run
     kept_rates = (meta or {}).get("random_policy", {}).get(played)
     baseline = (kept_rates or random_policy_success(cfg, eval_envs)) if rank == 0 else None
@@ -223,6 +225,8 @@ def main(argv=None):
         f"random policy on the eval episodes ({eval_what(cfg).split(',')[0]}): success "
         f"{baseline and success_text(baseline)}{' (as played before the checkpoint)' * bool(kept_rates)}"
     )
+    parts = zip(("checks and envs", "model and engine", "random policy"), np.diff([*t_set_up, time.perf_counter()]))
+    print0(f"set-up (s): {', '.join(f'{k} {v:.1f}' for k, v in parts)}")
     log = open_metrics_log(cfg.out_dir, kept, start) if rank == 0 else None
     wandb = records.open_wandb(cfg) if cfg.wandb and rank == 0 else None
     episode_log = records.EpisodeLog(cfg.out_dir, records.LOG_MB, start) if rank == 0 else None
