@@ -60,6 +60,7 @@ RESUME_FREE = {
     "env_args",
     "metrics",
     "overlap",
+    "early_logprobs",
 }
 RUN_FILES = ("ckpt", "ckpt.old", "model", "metrics.jsonl")  # what makes an out_dir hold a run
 _LOCKS = {}  # out_dir (real path) -> its locked .lock file, open until the process ends

@@ -128,6 +128,8 @@ def check_config(cfg):
         bad(f"--similarity {cfg.similarity} must be in [0, 1] (0 = exact anchor match)")
     if cfg.log_groups < 0:
         bad(f"--log_groups {cfg.log_groups} must be >= 0")
+    if cfg.early_logprobs and cfg.overlap:
+        bad("--early_logprobs 1 fills the lockstep schedule's env waits; --overlap 1 has none: drop one")
     if cfg.kv_cache_mb < 1 or not 0 <= cfg.gpu_memory_utilization < 1:
         bad("--kv_cache_mb must be >= 1 and --gpu_memory_utilization in [0, 1)")
     if cfg.device == "cuda" and not torch.cuda.is_available():

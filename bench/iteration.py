@@ -26,7 +26,8 @@ and the update's log-prob passes apart from its step (time_logprobs); then the s
 first; --json FILE appends them (the last iteration's at the top level, every one under "per_iteration").
 train.py runs with --metrics all (the sub-timers and throughput figures are not in its default line).
 MFU of time_update: 2N FLOPs per token for the forward of the old log-probs and 6N for the update's
-forward/backward, N parameters, over --peak_tflops x ranks (the KL reference's pass is not counted).
+forward/backward, N parameters, over --peak_tflops x ranks (the KL reference's pass is not counted;
+with --early_logprobs 1 the time is time_update + time_early_logprobs, where those passes ran).
 """
 
 import argparse
@@ -48,7 +49,15 @@ CHATML = (
     "{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
-PHASES = ("time_gen", "time_env", "time_rollout_other", "time_update", "time_sync", "time_iteration")
+PHASES = (
+    "time_gen",
+    "time_env",
+    "time_rollout_other",
+    "time_early_logprobs",
+    "time_update",
+    "time_sync",
+    "time_iteration",
+)
 
 
 def build_tokenizer(cfg, vocab_size, episodes=3):
@@ -200,9 +209,10 @@ def main():
     with open(os.path.join(out_dir, "metrics.jsonl")) as f:
         lines = [json.loads(line) for line in f]
     world = int(os.environ.get("WORLD_SIZE", 1))
-    for x in lines:  # MFU of time_update (see the module docstring)
+    for x in lines:  # MFU of time_update (see the module docstring), and of the early passes if any
+        busy = x["time_update"] + x.get("time_early_logprobs", 0.0)
         x["mfu"] = (
-            8 * n_params * x["tokens"] / x["time_update"] / (args.peak_tflops * 1e12 * world)
+            8 * n_params * x["tokens"] / busy / (args.peak_tflops * 1e12 * world)
             if args.peak_tflops
             else None
         )
