@@ -9,6 +9,7 @@ Every eval also writes out_dir/eval.json (each set's games won, in order), so th
 evaluated on the same games compare game by game: `python -m evaluate RUN_A RUN_B` (paired()).
 """
 
+import hashlib
 import inspect
 import json
 import math
@@ -170,10 +171,11 @@ def success_text(rates):
 
 
 def random_policy_key(cfg):
-    """What the random policy's success depends on: the env, its arguments and the eval episodes. A
-    checkpoint keeps the rates under it, so --resume does not play them again (ALFWorld's two splits,
-    ~13,700 random steps, take minutes) unless the eval changed."""
-    return json.dumps([cfg.env, cfg.env_args, eval_plan(cfg)], sort_keys=True, default=str)
+    """A hash of what the random policy's success depends on: the env, its arguments and the eval
+    episodes. A checkpoint keeps the rates under it, so --resume does not play them again (ALFWorld's
+    two splits, ~13,700 random steps, take minutes) unless the eval changed."""
+    played = json.dumps([cfg.env, cfg.env_args, eval_plan(cfg)], sort_keys=True, default=str)
+    return hashlib.sha256(played.encode()).hexdigest()[:16]
 
 
 def random_policy_success(cfg, envs):

@@ -245,11 +245,7 @@ def main(argv=None):
         timer = records.Timer()
         # 1. collect: this rank's groups, each from its own seed; every env step is a sample
         early = {}  # id(sample) -> (sample, old, reference log-probs), filled while the envs step
-        hook = (
-            (lambda new: early.update(logprob_passes(cfg, model, ref, new, lp)))
-            if cfg.early_logprobs
-            else None
-        )
+        hook = cfg.early_logprobs and (lambda new: early.update(logprob_passes(cfg, model, ref, new, lp)))
         samples, episodes, n_dead, timing = collect(cfg, envs, engine, tok, prompt, it, rank, saved, hook)
         # 2. advantages (--algo ppo: GAE on the critic's values), a few whole groups recorded with GiGPO's
         #    view of each step; the update trains on all but DAPO's tied groups, tokens balanced over ranks
