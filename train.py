@@ -53,16 +53,7 @@ from checkpoint import (
 )
 from checks import check_config, fail
 from envs import GroupedEnvs, parse_env_args
-from evaluate import (
-    HELD_OUT,
-    eval_plan,
-    eval_what,
-    evaluate,
-    headline,
-    random_policy_key,
-    random_policy_success,
-    success_text,
-)
+from evaluate import HELD_OUT, eval_plan, eval_what, evaluate, headline, success_text
 from fsdp import (
     all_finite,
     all_gather,
@@ -198,10 +189,7 @@ def main(argv=None):
     log_path, config = os.path.join(cfg.out_dir, "metrics.jsonl"), dataclasses.asdict(cfg)
     kept = kept_log(log_path, meta["iteration"], meta.get("metrics_line")) if meta else []
     rank, world, device = setup_dist(cfg)
-    if cfg.n_groups % world:
-        fail(f"--n_groups {cfg.n_groups} must divide over {world} ranks (each owns whole groups)")
-    if cfg.early_logprobs and world > 1:  # the ranks' rollouts take different numbers of steps
-        fail(f"--early_logprobs 1 runs in one process, not {world} ranks: drop it under torchrun")
+    check_world(cfg, world)
     print0 = print if rank == 0 else (lambda *a, **k: None)
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed + rank)
@@ -221,17 +209,7 @@ def main(argv=None):
     extra = {"critic": critic} if critic else None
     start = resume(cfg, meta, model, opt, sched, rank, extra, engine, print0) if meta else 0
     t_set_up.append(time.perf_counter())
-    played = random_policy_key(cfg) if rank == 0 else None  # kept in the checkpoint: played once a run
-    kept_rates = (meta or {}).get("random_policy", {}).get(played)
-    baseline = (kept_rates or random_policy_success(cfg, eval_envs)) if rank == 0 else None
-    print0(
-        f"random policy on the eval episodes ({eval_what(cfg).split(',')[0]}): success "
-        f"{baseline and success_text(baseline)}{' (as played before the checkpoint)' * bool(kept_rates)}"
-    )
-    parts = zip(
-        ("checks and envs", "model and engine", "random policy"), np.diff([*t_set_up, time.perf_counter()])
-    )
-    print0(f"set-up (s): {', '.join(f'{k} {v:.1f}' for k, v in parts)}")
+    played, baseline = random_baseline(cfg, meta, eval_envs, rank, print0, t_set_up)
     log = open_metrics_log(cfg.out_dir, kept, start) if rank == 0 else None
     wandb = records.open_wandb(cfg) if cfg.wandb and rank == 0 else None
     episode_log = records.EpisodeLog(cfg.out_dir, records.LOG_MB, start) if rank == 0 else None
@@ -304,6 +282,14 @@ def main(argv=None):
 
 
 # ---- the helpers of main's set-up and sections, in the order main calls them ----
+def check_world(cfg, world):
+    """The flags that depend on the number of ranks: one line if they do not fit it."""
+    if cfg.n_groups % world:
+        fail(f"--n_groups {cfg.n_groups} must divide over {world} ranks (each owns whole groups)")
+    if cfg.early_logprobs and world > 1:  # the ranks' rollouts take different numbers of steps
+        fail(f"--early_logprobs 1 runs in one process, not {world} ranks: drop it under torchrun")
+
+
 def held_out_envs(cfg, env_args):
     """The held-out seeds' envs, one group of one each; None where the env has named eval sets (e.g.
     ALFWorld's splits: evaluate makes their envs)."""
@@ -322,6 +308,26 @@ def resume(cfg, meta, model, opt, sched, rank, extra, engine, print0):
         if meta["config"]["iterations"] != cfg.iterations and cfg.lr_min != 1 and start < cfg.iterations:
             print0(stretch_note(cfg, meta["config"]["iterations"], start))
     return start
+
+
+def random_baseline(cfg, meta, eval_envs, rank, print0, t_set_up):
+    """The random policy's success on the eval episodes (rank 0), played once a run: the checkpoint
+    keeps it under the eval's key (ALFWorld's two splits take minutes) -> (key, rates). Prints it,
+    then the set-up's seconds (t_set_up: when main started, built the envs, built the policy)."""
+    from evaluate import random_policy_key, random_policy_success  # only here
+
+    played = random_policy_key(cfg) if rank == 0 else None
+    kept_rates = (meta or {}).get("random_policy", {}).get(played)
+    baseline = (kept_rates or random_policy_success(cfg, eval_envs)) if rank == 0 else None
+    print0(
+        f"random policy on the eval episodes ({eval_what(cfg).split(',')[0]}): success "
+        f"{baseline and success_text(baseline)}{' (as played before the checkpoint)' * bool(kept_rates)}"
+    )
+    parts = zip(
+        ("checks and envs", "model and engine", "random policy"), np.diff([*t_set_up, time.perf_counter()])
+    )
+    print0(f"set-up (s): {', '.join(f'{k} {v:.1f}' for k, v in parts)}")
+    return played, baseline
 
 
 def collect(cfg, envs, engine, tok, prompt, it, rank, saved, while_envs_step=None):

@@ -299,8 +299,10 @@ def test_resume_takes_the_random_policy_from_the_checkpoint_unless_the_eval_chan
     first = capsys.readouterr().out  # the finished run's output is gone already; read the saved rates
     meta = json.load(open(run / "ckpt" / "meta.json"))
     (rates,) = meta["random_policy"].values()
-    real, calls = train.random_policy_success, []
-    monkeypatch.setattr(train, "random_policy_success", lambda *a: calls.append(1) or real(*a))
+    import evaluate
+
+    real, calls = evaluate.random_policy_success, []
+    monkeypatch.setattr(evaluate, "random_policy_success", lambda *a: calls.append(1) or real(*a))
     train.main([*ARGS, "--iterations", "3", "--out_dir", str(run), "--resume", "1"])
     out = capsys.readouterr().out
     assert calls == [] and f"success {train.success_text(rates)} (as played before the checkpoint)" in out
