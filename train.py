@@ -409,7 +409,7 @@ def metrics(cfg, it, batch, sched, stats, timing, timer, eval_rates, t_run):
             "time_rollout_other": timing["other"],
             "time_early_logprobs": timing["early"],
             "time_update": timer["update"],
-            "time_logprobs": timer["logprobs"],
+            "time_logprobs": timer.get("logprobs", 0.0),  # none: every sample done early, or none trained
             "time_ref_logprobs": timer.get("ref", 0.0),
             "time_sync": timer["sync"],
             "time_iteration": dt,
