@@ -436,9 +436,13 @@ def run_eval(cfg, tok, eval_envs, prompt, engine, it, episode_log):
 
 def evaluate_only(cfg, rank, device, eval_envs, prompt):
     """--eval_only: load --model, evaluate it as a run would (rank 0), print the result -> the headline."""
+    t0 = time.perf_counter()
     model, tok = load_model(cfg, device)
     engine = build_engine(cfg, model, tok, device)
+    t1 = time.perf_counter()
     rates = evaluate(tok, cfg, eval_envs, prompt, engine) if rank == 0 else None
+    print0 = print if rank == 0 else (lambda *a, **k: None)
+    print0(f"seconds: model and engine {t1 - t0:.1f}, the eval (its envs too) {time.perf_counter() - t1:.1f}")
     if rank == 0:
         print(
             f"eval-only success {rates and success_text(rates)} ({eval_what(cfg)}; model {cfg.model}, "
