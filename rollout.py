@@ -60,9 +60,9 @@ def rollout(envs, engine, tokenizer, prompt, memories, group_seeds, temperature,
     (under overlap: only the wait the generation did not hide) and the rest (prompts, parsing).
     overlap: the overlap schedule (module docstring) where envs step in worker processes.
     desc: show a progress bar (one tick per finished step) under this name, for long evaluations.
-    while_envs_step: called (lockstep) with the samples that came in since its last call, while the
-    envs play the next step: work for a device that would idle there (train.py's --early_logprobs);
-    its seconds are timings["early"].
+    while_envs_step: called (lockstep, envs in worker processes) with the samples that came in since
+    its last call, while the envs play the next step: work for a device that would idle there
+    (train.py's --early_logprobs); its seconds are timings["early"].
     """
     t_start = time.perf_counter()
     timing = {"gen": 0.0, "env": 0.0, "early": 0.0}
@@ -75,6 +75,7 @@ def rollout(envs, engine, tokenizer, prompt, memories, group_seeds, temperature,
         for i in range(len(obs))
     ]
     overlap = overlap and envs.workers > 0  # in-process envs step at once: nothing to hide
+    while_envs_step = envs.workers > 0 and not overlap and while_envs_step  # likewise, nothing to fill
     samples, asked, steps, handed = [], {}, [0] * len(obs), 0  # asked: env -> its prompt ids at the engine
     bar = tqdm(desc=desc, unit="step", leave=False, disable=desc is None)
 
@@ -112,7 +113,7 @@ def rollout(envs, engine, tokenizer, prompt, memories, group_seeds, temperature,
             )
             stepping[i], actions[i] = (asked.pop(i), ids, lps, action, valid), action
         envs.send(actions)
-        if while_envs_step and not overlap and handed < len(samples):
+        if while_envs_step and handed < len(samples):
             t0 = time.perf_counter()
             while_envs_step(samples[handed:])
             handed, timing["early"] = len(samples), timing["early"] + time.perf_counter() - t0

@@ -1005,3 +1005,6 @@ def test_early_logprobs_train_as_the_update_s_own_and_each_sample_is_scored_once
     off_calls, on_calls = calls[:2], calls[2:]  # off: one call a iteration, all its samples
     assert off_calls == [x["samples"] for x in off]
     assert len(on_calls) > 4 and sum(on_calls) == sum(off_calls)  # a call a step, each sample once
+    del calls[:]  # in-process envs step at once: no wait to fill, the update scores all
+    train.main([*args, "--env_workers", "0", "--early_logprobs", "1", "--out_dir", str(tmp_path / "inproc")])
+    assert len(calls) == 2
