@@ -161,3 +161,11 @@ def check_config(cfg):
             AutoConfig.from_pretrained(cfg.model)
         except Exception as e:  # transformers and the hub client say "not found" in many types
             bad(f"--model {cfg.model}: {first_line(e)}")
+
+
+def check_world(cfg, world):
+    """The flags that depend on the number of ranks: one line if they do not fit it."""
+    if cfg.n_groups % world:
+        fail(f"--n_groups {cfg.n_groups} must divide over {world} ranks (each owns whole groups)")
+    if cfg.early_logprobs and world > 1:  # the ranks' rollouts take different numbers of steps
+        fail(f"--early_logprobs 1 runs in one process, not {world} ranks: drop it under torchrun")

@@ -51,7 +51,7 @@ from checkpoint import (
     open_metrics_log,
     save,
 )
-from checks import check_config, fail
+from checks import check_config, check_world, fail
 from envs import GroupedEnvs, parse_env_args
 from evaluate import HELD_OUT, eval_plan, eval_what, evaluate, headline, success_text
 from fsdp import (
@@ -282,14 +282,6 @@ def main(argv=None):
 
 
 # ---- the helpers of main's set-up and sections, in the order main calls them ----
-def check_world(cfg, world):
-    """The flags that depend on the number of ranks: one line if they do not fit it."""
-    if cfg.n_groups % world:
-        fail(f"--n_groups {cfg.n_groups} must divide over {world} ranks (each owns whole groups)")
-    if cfg.early_logprobs and world > 1:  # the ranks' rollouts take different numbers of steps
-        fail(f"--early_logprobs 1 runs in one process, not {world} ranks: drop it under torchrun")
-
-
 def held_out_envs(cfg, env_args):
     """The held-out seeds' envs, one group of one each; None where the env has named eval sets (e.g.
     ALFWorld's splits: evaluate makes their envs)."""

@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+import checks
 import train
 
 
@@ -104,6 +105,6 @@ def test_flags_that_depend_on_the_ranks_are_one_line():
         (["--early_logprobs", "1"], 2, "--early_logprobs 1 runs in one process"),
     ):
         with pytest.raises(SystemExit) as e:
-            train.check_world(train.parse_args(args), world)
+            checks.check_world(train.parse_args(args), world)
         assert str(e.value.code).startswith("error: ") and words in str(e.value.code)
-    train.check_world(train.parse_args(["--early_logprobs", "1", "--n_groups", "3"]), 1)  # one process: fine
+    checks.check_world(train.parse_args(["--early_logprobs", "1", "--n_groups", "3"]), 1)  # one process: fine

@@ -15,6 +15,7 @@ import pytest
 import torch
 from conftest import SMALL_RUN, iterations
 
+import evaluate
 import records
 import train
 
@@ -296,11 +297,8 @@ def test_resume_still_refuses_env_args_that_change_the_env(run):
 def test_resume_takes_the_random_policy_from_the_checkpoint_unless_the_eval_changed(run, monkeypatch, capsys):
     """The random policy's eval success is played once a run and kept in the checkpoint (ALFWorld's two
     splits take minutes at every start otherwise); --env_args written another way plays it again."""
-    first = capsys.readouterr().out  # the finished run's output is gone already; read the saved rates
-    meta = json.load(open(run / "ckpt" / "meta.json"))
+    meta = json.load(open(run / "ckpt" / "meta.json"))  # the rates the finished run saved
     (rates,) = meta["random_policy"].values()
-    import evaluate
-
     real, calls = evaluate.random_policy_success, []
     monkeypatch.setattr(evaluate, "random_policy_success", lambda *a: calls.append(1) or real(*a))
     train.main([*ARGS, "--iterations", "3", "--out_dir", str(run), "--resume", "1"])
@@ -308,7 +306,7 @@ def test_resume_takes_the_random_policy_from_the_checkpoint_unless_the_eval_chan
     assert calls == [] and f"success {train.success_text(rates)} (as played before the checkpoint)" in out
     assert json.load(open(run / "ckpt" / "meta.json"))["random_policy"] == meta["random_policy"]
     train.main([*ARGS, "--iterations", "4", "--out_dir", str(run), "--resume", "1", "--env_args", "size=5"])
-    assert calls == [1] and "as played before" not in capsys.readouterr().out, first
+    assert calls == [1] and "as played before" not in capsys.readouterr().out
 
 
 # ---- bench.sweep ----
