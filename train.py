@@ -32,6 +32,7 @@ import os
 import random
 import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass
 
@@ -203,13 +204,14 @@ def main(argv=None):
     envs = GroupedEnvs(cfg.env, cfg.n_groups // world, cfg.group_size, workers=cfg.env_workers, **env_args)
     print0(f"config: {json.dumps(config)}\n{batch_arithmetic(cfg, world, envs)}")
     t_set_up.append(time.perf_counter())
+    random_play = RandomBaseline(cfg, meta, eval_envs, rank)  # played beside the policy's build
     model, tok, ref, engine, gen_model, packed = build_policy(cfg, device, world, print0)
     opt, sched = make_optimizer(cfg, model, device)
     critic = make_critic(cfg, model, device)
     extra = {"critic": critic} if critic else None
     start = resume(cfg, meta, model, opt, sched, rank, extra, engine, print0) if meta else 0
     t_set_up.append(time.perf_counter())
-    played, baseline = random_baseline(cfg, meta, eval_envs, rank, print0, t_set_up)
+    played, baseline = random_play.result(print0, t_set_up)
     log = open_metrics_log(cfg.out_dir, kept, start) if rank == 0 else None
     wandb = records.open_wandb(cfg) if cfg.wandb and rank == 0 else None
     episode_log = records.EpisodeLog(cfg.out_dir, records.LOG_MB, start) if rank == 0 else None
@@ -290,6 +292,53 @@ def held_out_envs(cfg, env_args):
     return None
 
 
+class RandomBaseline(threading.Thread):
+    """The random policy's success on the eval episodes (rank 0), played once a run: the checkpoint
+    keeps it under the eval's key (ALFWorld's two splits take minutes). The play runs in this thread
+    while main builds the policy; result() waits for it."""
+
+    def __init__(self, cfg, meta, eval_envs, rank):
+        from evaluate import random_policy_key  # only here
+
+        super().__init__(daemon=True)  # daemon: a build that fails does not wait for the play to end
+        self.cfg, self.eval_envs, self.error, self.seconds = cfg, eval_envs, None, 0.0
+        self.key = random_policy_key(cfg) if rank == 0 else None
+        self.kept = (meta or {}).get("random_policy", {}).get(self.key)
+        self.rates = self.kept
+        if rank == 0 and not self.kept:
+            self.start()
+
+    def run(self):
+        from evaluate import random_policy_success
+
+        t0 = time.perf_counter()
+        try:
+            self.rates = random_policy_success(self.cfg, self.eval_envs)
+        except BaseException as e:  # raised again in main's thread, by result()
+            self.error = e
+        self.seconds = time.perf_counter() - t0
+
+    def result(self, print0, t_set_up):
+        """Waits for the play -> (key, rates). Prints them, then the set-up's seconds (t_set_up: when
+        main started, built the envs, built the policy)."""
+        if self.ident is not None:
+            self.join()
+        if self.error is not None:
+            raise self.error
+        print0(
+            f"random policy on the eval episodes ({eval_what(self.cfg).split(',')[0]}): success "
+            f"{self.rates and success_text(self.rates)}"
+            f"{' (as played before the checkpoint)' * bool(self.kept)}"
+        )
+        waited = time.perf_counter() - t_set_up[-1]
+        parts = [f"{k} {v:.1f}" for k, v in zip(("checks and envs", "model and engine"), np.diff(t_set_up))]
+        print0(
+            f"set-up (s): {', '.join(parts)}, random policy {self.seconds:.1f} beside them "
+            f"({waited:.1f} waited for it)"
+        )
+        return self.key, self.rates
+
+
 def resume(cfg, meta, model, opt, sched, rank, extra, engine, print0):
     """--resume 1: the checkpoint's weights, optimizer and RNG in, its weights pushed to the engine ->
     the iteration it holds. A changed --iterations stretches the cosine (one line says by how much)."""
@@ -300,26 +349,6 @@ def resume(cfg, meta, model, opt, sched, rank, extra, engine, print0):
         if meta["config"]["iterations"] != cfg.iterations and cfg.lr_min != 1 and start < cfg.iterations:
             print0(stretch_note(cfg, meta["config"]["iterations"], start))
     return start
-
-
-def random_baseline(cfg, meta, eval_envs, rank, print0, t_set_up):
-    """The random policy's success on the eval episodes (rank 0), played once a run: the checkpoint
-    keeps it under the eval's key (ALFWorld's two splits take minutes) -> (key, rates). Prints it,
-    then the set-up's seconds (t_set_up: when main started, built the envs, built the policy)."""
-    from evaluate import random_policy_key, random_policy_success  # only here
-
-    played = random_policy_key(cfg) if rank == 0 else None
-    kept_rates = (meta or {}).get("random_policy", {}).get(played)
-    baseline = (kept_rates or random_policy_success(cfg, eval_envs)) if rank == 0 else None
-    print0(
-        f"random policy on the eval episodes ({eval_what(cfg).split(',')[0]}): success "
-        f"{baseline and success_text(baseline)}{' (as played before the checkpoint)' * bool(kept_rates)}"
-    )
-    parts = zip(
-        ("checks and envs", "model and engine", "random policy"), np.diff([*t_set_up, time.perf_counter()])
-    )
-    print0(f"set-up (s): {', '.join(f'{k} {v:.1f}' for k, v in parts)}")
-    return played, baseline
 
 
 def collect(cfg, envs, engine, tok, prompt, it, rank, saved, while_envs_step=None):

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -307,6 +308,28 @@ def test_resume_takes_the_random_policy_from_the_checkpoint_unless_the_eval_chan
     assert json.load(open(run / "ckpt" / "meta.json"))["random_policy"] == meta["random_policy"]
     train.main([*ARGS, "--iterations", "4", "--out_dir", str(run), "--resume", "1", "--env_args", "size=5"])
     assert calls == [1] and "as played before" not in capsys.readouterr().out
+
+
+def test_the_random_policy_plays_beside_the_policys_build_and_its_error_reaches_main(tmp_path, monkeypatch):
+    """The random play runs in a thread while main builds the policy (ALFWorld's two splits take about a
+    minute, as long as the engine's start): here the build waits for the play to begin, which it would
+    never see if the play came after it. An error in the play is raised in main, not lost in the thread."""
+    started, real_build, real_play = threading.Event(), train.build_policy, evaluate.random_policy_success
+
+    def play(*a):
+        started.set()
+        return real_play(*a)
+
+    def build(*a):
+        assert started.wait(60), "the random policy did not start before the policy's build ended"
+        return real_build(*a)
+
+    monkeypatch.setattr(evaluate, "random_policy_success", play)
+    monkeypatch.setattr(train, "build_policy", build)
+    train.main([*ARGS, "--iterations", "1", "--out_dir", str(tmp_path / "a")])
+    monkeypatch.setattr(evaluate, "random_policy_success", lambda *a: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        train.main([*ARGS, "--iterations", "1", "--out_dir", str(tmp_path / "b")])
 
 
 # ---- bench.sweep ----
