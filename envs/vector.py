@@ -19,6 +19,7 @@ import multiprocessing as mp
 import multiprocessing.connection
 import signal
 import sys
+import threading
 
 from tqdm import tqdm
 
@@ -69,6 +70,10 @@ class GroupedEnvs:
         self.conns[w], self.procs[w] = parent, p
 
     def _restart(self, w, cmd, n_jobs):
+        # the interpreter exits and ends the workers under a thread still stepping them (train.py's
+        # random play, cut short by Ctrl-C): no restart, no message
+        if not threading.main_thread().is_alive():
+            raise RuntimeError("the process is exiting: no env worker is restarted")
         old = self.procs[w]
         old.join(timeout=1)
         if old.is_alive():  # the pipe broke but the process lingers
