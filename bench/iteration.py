@@ -160,8 +160,22 @@ def main():
         default=1,
         help="0: the env workers reset an iteration's games at its start, not during the update before it",
     )
+    ap.add_argument(
+        "--ab_early",
+        type=int,
+        default=0,
+        help="1: train.py --early_logprobs 1 in odd iterations only, so one run on one warm host times "
+        "both, alternated (compare iterations >= 3, per sample)",
+    )
     args, rest = ap.parse_known_args()
     rollout.WAVE = args.wave
+    if args.ab_early:  # the early passes' hook only in odd iterations; the others do every pass in the update
+        real_collect = train.collect
+
+        def collect(cfg, envs, engine, tok, prompt, it, rank, saved, hook=None):
+            return real_collect(cfg, envs, engine, tok, prompt, it, rank, saved, hook if it % 2 else None)
+
+        train.collect, rest = collect, [*rest, "--early_logprobs", "1"]
     if not args.prefetch:
         GroupedEnvs.prefetch = lambda self, group_seeds: None
     model_dir, out_dir = (
@@ -274,6 +288,16 @@ def main():
             f"({first['time_update'] - m['time_update']:+.1f} s in the update, "
             f"{first['time_gen'] - m['time_gen']:+.1f} s in generation): its first calls (under --compile, "
             f"torch.compile's warm-up)"
+        )
+    if args.ab_early and len(lines) >= 4:  # iterations 3+: with the early passes (odd) vs without (even)
+        per = {on: [x for x in lines[2:] if x["iteration"] % 2 == on] for on in (1, 0)}
+        t = {
+            on: sum(x["time_iteration"] for x in xs) / sum(x["samples"] for x in xs) for on, xs in per.items()
+        }
+        res["ab_early_s_per_1000_samples"] = {"with": 1000 * t[1], "without": 1000 * t[0]}
+        print(
+            f"--early_logprobs, alternated (iterations 3+): {1000 * t[1]:.2f} s per 1000 samples with, "
+            f"{1000 * t[0]:.2f} without: {t[0] / t[1]:.2f}x"
         )
     if args.json:
         with open(args.json, "a") as f:

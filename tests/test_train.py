@@ -977,6 +977,38 @@ def test_bench_iteration_reports_every_iteration_and_the_last_as_steady_state(tm
     assert "--iterations 2" in r.stdout  # the train.py command it timed
 
 
+def test_bench_iteration_alternates_the_early_passes(tmp_path):
+    """--ab_early 1: one run times --early_logprobs both ways, alternated on the same warm process:
+    odd iterations score the samples during the env steps, even ones all in the update."""
+    out = tmp_path / "it.json"
+    r = subprocess.run(
+        [
+            sys.executable,
+            *(
+                "-m bench.iteration --shape tiny --env treasure --engine hf --n_groups 2 --group_size 2 "
+                "--env_workers 2 --max_response_tokens 8 --iterations 4 --ab_early 1 --out"
+            ).split(),
+            str(tmp_path),
+            "--json",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads(out.read_text())
+    for m, on in zip(res["per_iteration"], (1, 0, 1, 0)):
+        assert (m["time_early_logprobs"] > 0) == bool(on), (
+            m
+        )  # with them, the update scores only the last step
+    assert set(res["ab_early_s_per_1000_samples"]) == {"with", "without"}
+    assert re.search(
+        r"--early_logprobs, alternated \(iterations 3\+\): [\d.]+ s per 1000 samples with", r.stdout
+    )
+
+
 def test_early_logprobs_train_as_the_update_s_own_and_each_sample_is_scored_once(tmp_path, monkeypatch):
     """--early_logprobs: the old and KL reference log-probs of each step's samples are computed while
     env workers play the next step; the update computes only the rest (the last step's). The same
