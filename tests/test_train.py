@@ -944,18 +944,17 @@ def test_dynamic_sampling_trains_on_the_groups_whose_scores_differ(tmp_path, mon
     assert all(torch.equal(after[k], init[k]) for k in init)
 
 
-def test_bench_iteration_reports_every_iteration_and_the_last_as_steady_state(tmp_path):
-    """bench.iteration (the GPU's headline timing) runs train.py for --iterations and reports each
-    one, with the old and the KL reference's log-prob passes apart; the JSON's top level is the last
-    iteration, the steady state a long run repeats."""
+def bench_iteration(tmp_path, flags):
+    """python -m bench.iteration with the tiny model on the treasure hunt -> (its run, its JSON line)."""
+    small = "--shape tiny --env treasure --engine hf --n_groups 2 --group_size 2 --max_response_tokens 8"
     out = tmp_path / "it.json"
     r = subprocess.run(
         [
             sys.executable,
-            *(
-                "-m bench.iteration --shape tiny --env treasure --engine hf --n_groups 2 --group_size 2 "
-                "--env_workers 0 --max_response_tokens 8 --iterations 2 --kl_coef 0.01 --out"
-            ).split(),
+            "-m",
+            "bench.iteration",
+            *f"{small} {flags}".split(),
+            "--out",
             str(tmp_path),
             "--json",
             str(out),
@@ -966,7 +965,14 @@ def test_bench_iteration_reports_every_iteration_and_the_last_as_steady_state(tm
         timeout=300,
     )
     assert r.returncode == 0, r.stderr[-2000:]
-    res = json.loads(out.read_text())
+    return r, json.loads(out.read_text())
+
+
+def test_bench_iteration_reports_every_iteration_and_the_last_as_steady_state(tmp_path):
+    """bench.iteration (the GPU's headline timing) runs train.py for --iterations and reports each
+    one, with the old and the KL reference's log-prob passes apart; the JSON's top level is the last
+    iteration, the steady state a long run repeats."""
+    r, res = bench_iteration(tmp_path, "--env_workers 0 --iterations 2 --kl_coef 0.01")
     its = res["per_iteration"]
     assert len(its) == 2 and res["time_iteration"] == its[-1]["time_iteration"]
     for m in its:
@@ -979,34 +985,13 @@ def test_bench_iteration_reports_every_iteration_and_the_last_as_steady_state(tm
 
 def test_bench_iteration_alternates_the_early_passes(tmp_path):
     """--ab_early 1: one run times --early_logprobs both ways, alternated on the same warm process:
-    odd iterations score the samples during the env steps, even ones all in the update."""
-    out = tmp_path / "it.json"
-    r = subprocess.run(
-        [
-            sys.executable,
-            *(
-                "-m bench.iteration --shape tiny --env treasure --engine hf --n_groups 2 --group_size 2 "
-                "--env_workers 2 --max_response_tokens 8 --iterations 4 --ab_early 1 --out"
-            ).split(),
-            str(tmp_path),
-            "--json",
-            str(out),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert r.returncode == 0, r.stderr[-2000:]
-    res = json.loads(out.read_text())
-    for m, on in zip(res["per_iteration"], (1, 0, 1, 0)):
-        assert (m["time_early_logprobs"] > 0) == bool(on), (
-            m
-        )  # with them, the update scores only the last step
+    odd iterations score the samples during the env steps (the update then only the last step's),
+    even ones all in the update."""
+    r, res = bench_iteration(tmp_path, "--env_workers 2 --iterations 4 --ab_early 1")
+    early = [m["time_early_logprobs"] > 0 for m in res["per_iteration"]]
+    assert early == [True, False, True, False], res["per_iteration"]
     assert set(res["ab_early_s_per_1000_samples"]) == {"with", "without"}
-    assert re.search(
-        r"--early_logprobs, alternated \(iterations 3\+\): [\d.]+ s per 1000 samples with", r.stdout
-    )
+    assert re.search(r"alternated \(iterations 3\+\): [\d.]+ s per 1000 samples with", r.stdout), r.stdout
 
 
 def test_early_logprobs_train_as_the_update_s_own_and_each_sample_is_scored_once(tmp_path, monkeypatch):
