@@ -1,7 +1,7 @@
 """Train an LLM agent with GiGPO (or GRPO, RLOO, PPO with a critic, REINFORCE++) in a multi-turn text env.
 
     python train.py                                  # the embedded default: tiny model, treasure game, CPU
-    python train.py --algo grpo --seed 3             # any Config field below is a flag
+    python train.py --algo grpo --seed 3             # any Config field below is a flag (--help: all)
     python train.py --env alfworld                   # the paper's ALFWorld setup (PRESETS below), one GPU
     torchrun --nproc_per_node=8 train.py --env alfworld                           # 8 GPUs of one machine
     torchrun --nnodes=2 --nproc_per_node=8 --node_rank=0 --rdzv_backend=c10d \\
@@ -626,6 +626,11 @@ def parse_args(argv):
         if arg == "--env" and k + 1 < len(argv) or arg.startswith("--env="):
             env = arg[6:] if arg.startswith("--env=") else argv[k + 1]
     cfg = dataclasses.replace(cfg, **PRESETS.get(env, {}))
+    if "--help" in argv or "-h" in argv:  # each flag's meaning: the comment beside it in Config
+        print(f"python train.py [--flag value ...]; the flags with --env {env}'s defaults (what each one")
+        print("means: the comment beside it in train.py's Config):")
+        print("\n".join(f"  --{k} {getattr(cfg, k)!r}" for k in fields))
+        sys.exit(0)
     i = 0
     while i < len(argv):
         arg = argv[i]

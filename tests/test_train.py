@@ -50,6 +50,16 @@ def test_bad_input_is_one_line_before_work(args, words):
     assert "batch:" not in r.stdout  # stopped before any work
 
 
+def test_help_lists_every_flag_with_the_env_s_defaults():
+    from train import Config
+
+    r = run_train("--env", "alfworld", "--help", timeout=60)
+    assert r.returncode == 0 and "batch:" not in r.stdout, r.stderr
+    flags = [line.split()[0] for line in r.stdout.splitlines() if line.startswith("  --")]
+    assert flags == [f"--{name}" for name in Config.__dataclass_fields__]
+    assert "  --model 'Qwen/Qwen2.5-1.5B-Instruct'" in r.stdout  # the preset's, not the embedded default's
+
+
 @pytest.mark.parametrize(
     "args, words",
     [
