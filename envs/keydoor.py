@@ -193,7 +193,12 @@ def rates(n=20000, seed_base=10**9, **kw):
 if __name__ == "__main__":
     import sys
 
-    kw = {k: int(v) for k, v in (a.split("=") for a in sys.argv[1:])}  # python -m envs.keydoor size=6 walls=4
+    from envs import parse_env_args
+
+    try:  # e.g. python -m envs.keydoor size=6 walls=4
+        kw = parse_env_args("keydoor", ",".join(sys.argv[1:]))
+    except ValueError as e:
+        sys.exit(f"error: python -m envs.keydoor takes key=value arguments: {e}")
     rand, rand_len, opt, opt_len = rates(n=5000, **kw)
     print(
         f"keydoor {kw or 'defaults'}: random policy {rand:.3f} (wins take {rand_len:.1f} steps), "
