@@ -32,7 +32,6 @@ import os
 import random
 import signal
 import sys
-import threading
 import time
 from dataclasses import dataclass
 
@@ -54,7 +53,7 @@ from checkpoint import (
 )
 from checks import check_config, check_world, fail
 from envs import GroupedEnvs, parse_env_args
-from evaluate import HELD_OUT, eval_plan, eval_what, evaluate, headline, success_text
+from evaluate import HELD_OUT, RandomBaseline, eval_plan, eval_what, evaluate, headline, success_text
 from fsdp import (
     all_finite,
     all_gather,
@@ -290,53 +289,6 @@ def held_out_envs(cfg, env_args):
     if "held-out" in eval_plan(cfg):
         return GroupedEnvs(cfg.env, cfg.eval_episodes, 1, workers=cfg.env_workers, **env_args)
     return None
-
-
-class RandomBaseline(threading.Thread):
-    """The random policy's success on the eval episodes (rank 0), played once a run: the checkpoint
-    keeps it under the eval's key (ALFWorld's two splits take minutes). The play runs in this thread
-    while main builds the policy; result() waits for it."""
-
-    def __init__(self, cfg, meta, eval_envs, rank):
-        from evaluate import random_policy_key  # only here
-
-        super().__init__(daemon=True)  # daemon: a build that fails does not wait for the play to end
-        self.cfg, self.eval_envs, self.error, self.seconds = cfg, eval_envs, None, 0.0
-        self.key = random_policy_key(cfg) if rank == 0 else None
-        self.kept = (meta or {}).get("random_policy", {}).get(self.key)
-        self.rates = self.kept
-        if rank == 0 and not self.kept:
-            self.start()
-
-    def run(self):
-        from evaluate import random_policy_success
-
-        t0 = time.perf_counter()
-        try:
-            self.rates = random_policy_success(self.cfg, self.eval_envs)
-        except BaseException as e:  # raised again in main's thread, by result()
-            self.error = e
-        self.seconds = time.perf_counter() - t0
-
-    def result(self, print0, t_set_up):
-        """Waits for the play -> (key, rates). Prints them, then the set-up's seconds (t_set_up: when
-        main started, built the envs, built the policy)."""
-        if self.ident is not None:
-            self.join()
-        if self.error is not None:
-            raise self.error
-        print0(
-            f"random policy on the eval episodes ({eval_what(self.cfg).split(',')[0]}): success "
-            f"{self.rates and success_text(self.rates)}"
-            f"{' (as played before the checkpoint)' * bool(self.kept)}"
-        )
-        waited = time.perf_counter() - t_set_up[-1]
-        parts = [f"{k} {v:.1f}" for k, v in zip(("checks and envs", "model and engine"), np.diff(t_set_up))]
-        print0(
-            f"set-up (s): {', '.join(parts)}, random policy {self.seconds:.1f} beside them "
-            f"({waited:.1f} waited for it)"
-        )
-        return self.key, self.rates
 
 
 def resume(cfg, meta, model, opt, sched, rank, extra, engine, print0):
