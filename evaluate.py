@@ -205,7 +205,7 @@ def random_policy_success(cfg, envs):
 class RandomBaseline(threading.Thread):
     """The random policy's success on the eval episodes (rank 0), played once a run: the checkpoint
     keeps it under the eval's key (ALFWorld's two splits take minutes). The play runs in this thread
-    while train.py builds the policy (ALFWorld: about as long); result() waits for it."""
+    while train.py builds the policy; result() waits for it."""
 
     def __init__(self, cfg, meta, eval_envs, rank):
         super().__init__(daemon=True)  # daemon: a build that fails does not wait for the play to end

@@ -414,9 +414,10 @@ def evaluate_only(cfg, rank, device, eval_envs, prompt):
     engine = build_engine(cfg, model, tok, device)
     t1 = time.perf_counter()
     rates = evaluate(tok, cfg, eval_envs, prompt, engine) if rank == 0 else None
-    print0 = print if rank == 0 else (lambda *a, **k: None)
-    print0(f"seconds: model and engine {t1 - t0:.1f}, the eval (its envs too) {time.perf_counter() - t1:.1f}")
     if rank == 0:
+        print(
+            f"seconds: model and engine {t1 - t0:.1f}, the eval (its envs too) {time.perf_counter() - t1:.1f}"
+        )
         print(
             f"eval-only success {rates and success_text(rates)} ({eval_what(cfg)}; model {cfg.model}, "
             f"prompt {prompt.build.__module__}.{prompt.build.__name__})"

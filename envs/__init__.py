@@ -94,6 +94,15 @@ def parse_env_args(name, text):
     return out
 
 
+def script_args(name, argv):
+    """`python -m envs.NAME key=value ...` (an env's baselines as a script) -> its constructor kwargs;
+    bad arguments stop in one line that names the env's keys."""
+    try:
+        return parse_env_args(name, ",".join(argv))
+    except ValueError as e:
+        raise SystemExit(f"error: python -m envs.{name} takes key=value arguments: {e}") from None
+
+
 def test_set(name, names, n, size):
     """eval_sets() of an env whose one eval set is "test", its test split in order (n caps the
     count). size() builds the env and counts the split: bad --env_args or missing data fail there,

@@ -193,12 +193,9 @@ def rates(n=20000, seed_base=10**9, **kw):
 if __name__ == "__main__":
     import sys
 
-    from envs import parse_env_args
+    from envs import script_args
 
-    try:  # e.g. python -m envs.keydoor size=6 walls=4
-        kw = parse_env_args("keydoor", ",".join(sys.argv[1:]))
-    except ValueError as e:
-        sys.exit(f"error: python -m envs.keydoor takes key=value arguments: {e}")
+    kw = script_args("keydoor", sys.argv[1:])  # e.g. python -m envs.keydoor size=6 walls=4
     rand, rand_len, opt, opt_len = rates(n=5000, **kw)
     print(
         f"keydoor {kw or 'defaults'}: random policy {rand:.3f} (wins take {rand_len:.1f} steps), "

@@ -231,12 +231,9 @@ def baselines(n=2000, seed_base=10**9, **kw):
 if __name__ == "__main__":
     import sys
 
-    from envs import parse_env_args
+    from envs import script_args
 
-    try:  # e.g. python -m envs.sokoban rows=5 cols=5
-        kw = parse_env_args("sokoban", ",".join(sys.argv[1:]))
-    except ValueError as e:
-        sys.exit(f"error: python -m envs.sokoban takes key=value arguments: {e}")
+    kw = script_args("sokoban", sys.argv[1:])  # e.g. python -m envs.sokoban rows=5 cols=5
     rand, fits = baselines(**kw)
     env = Sokoban(**kw)
     print(

@@ -337,3 +337,13 @@ def test_sft_check_runs_and_fits(tiny_model, tmp_path, capsys):
         rows[1][2]
     )  # no invalid first token; loss falls
     assert all(0 <= float(r[k]) <= 1 for r in rows for k in (3, 4, 5))
+
+
+def test_an_env_script_takes_its_keys_and_names_them_in_one_line_otherwise():
+    """python -m envs.keydoor / envs.sokoban size=6 ...: the env's constructor kwargs, typed."""
+    from envs import script_args
+
+    assert script_args("keydoor", ["size=6", "walls=4"]) == {"size": 6, "walls": 4}
+    with pytest.raises(SystemExit) as e:
+        script_args("sokoban", ["colour=red"])
+    assert str(e.value).startswith("error: python -m envs.sokoban") and "rows" in str(e.value)
