@@ -173,6 +173,8 @@ def shard(model, device, grad_ckpt=False, reshard_after_forward=None, compile_la
     if compile_layers:
         for layer in layers:
             layer.forward = torch.compile(layer.forward, dynamic=True)
+        if not model.get_input_embeddings().weight.requires_grad:  # frozen (LoRA): see _input_needs_grad
+            model.get_input_embeddings().register_forward_hook(_input_needs_grad)
     if reshard_after_forward is None:
         reshard_after_forward = dist.is_initialized() and dist.get_world_size() > 1
     if grad_ckpt:
@@ -190,6 +192,15 @@ def shard(model, device, grad_ckpt=False, reshard_after_forward=None, compile_la
     for layer in layers:
         fully_shard(layer, mp_policy=mp, reshard_after_forward=reshard_after_forward)
     return fully_shard(model, mp_policy=mp, reshard_after_forward=reshard_after_forward)
+
+
+def _input_needs_grad(module, args, out):
+    """With frozen embeddings (--lora_rank) the first layer's input alone does not require grad in a
+    training pass, and requires_grad is in a compiled graph's guards, so the first layer compiled a
+    graph (and its backward) of its own: 4 graphs instead of 3 for the old log-probs, the reference's
+    and the step (tests/test_dist.py). Marking it costs one input gradient more, at the first layer."""
+    if torch.is_grad_enabled():
+        out.requires_grad_(True)
 
 
 def checkpointed(forward):

@@ -112,7 +112,12 @@ def test_grad_ckpt_recomputes_in_eval_mode_with_the_same_gradients():
 def test_compiled_layers_with_lora_train_like_plain_ones_and_turn_adapters_off():
     """--compile 1 with --lora_rank (not auto's choice, not measured on a GPU): compiled decoder
     layers holding LoRA adapters give the plain model's log-probs and adapter gradients, and
-    disable_adapter (the KL reference) still turns the adapters off under compile."""
+    disable_adapter (the KL reference) still turns the adapters off under compile. The training pass
+    compiles one graph for all layers: the frozen embeddings' output is marked as needing grad, or
+    the first layer's input would differ from the others' in its guards and compile a second."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()  # no graphs (or recompile limits) left by earlier tests
     samples, _ = fixed_batch()
     batch_of = lambda tok: ppo.make_batch(samples, list(range(len(samples))), tok.pad_token_id, False)  # noqa: E731
     models = []
@@ -123,15 +128,18 @@ def test_compiled_layers_with_lora_train_like_plain_ones_and_turn_adapters_off()
             if "lora_B" in n:
                 p.data.copy_(torch.linspace(-0.3, 0.3, p.numel()).view_as(p))
         models.append(fsdp.shard(model, torch.device("cpu"), compile_layers=compile_layers))
-    outs = []
+    outs, graphs = [], []
     for m in models:
+        before = counters["stats"]["unique_graphs"]
         lp = ppo.response_logprobs(m, batch_of(tok), "cpu")[0]
         lp.sum().backward()
+        graphs.append(counters["stats"]["unique_graphs"] - before)
         with torch.no_grad(), m.disable_adapter():
             outs.append((lp.detach(), ppo.response_logprobs(m, batch_of(tok), "cpu")[0]))
     (a, a_off), (b, b_off) = outs
     assert torch.allclose(a, b, atol=1e-5) and torch.allclose(a_off, b_off, atol=1e-5)
     assert not torch.allclose(a, a_off, atol=1e-3)  # the adapters were really off
+    assert graphs == [0, 1], graphs  # plain: none; compiled: one graph for every layer's training pass
     grads = [[p.grad for p in m.parameters() if p.requires_grad] for m in models]
     assert grads[0] and all(torch.allclose(x, y, atol=1e-5) for x, y in zip(*grads))
 
