@@ -22,12 +22,12 @@ few MB), clone_eval/eval.json, the arms' metrics.jsonl (one line an iteration) a
 
 A long pair over several machines (--lora_rank R): the clone and both arms train LoRA adapters, so
 everything a replicate needs is MBs, packed in OUT/carry.tgz after every run (expert data, the
-clone's adapter, its eval, each arm's checkpoint and log). On the next machine, unpack it into OUT
-(the same path) and run the same command: the clone is merged again from its adapter (bench.bc
---merge: the same weights, which the arms' --resume checks), the clone eval is kept, and each arm
-resumes from its checkpoint for --minutes more (no time kept back for evals: a stop is saved, not
-evaluated), until its checkpoint reaches train.py's --iterations, where train.py evaluates it; then
-step 5 runs.
+clone's adapter, its eval, each arm's checkpoint, log and compile caches). On the next machine,
+unpack it into OUT (the same path) and run the same command: the clone is merged again from its
+adapter (bench.bc --merge: the same weights, which the arms' --resume checks), the clone eval is
+kept, and each arm resumes from its checkpoint for --minutes more (no time kept back for evals: a
+stop is saved, not evaluated), until its checkpoint reaches train.py's --iterations, where train.py
+evaluates it; then step 5 runs.
 
 Flags it does not know go to train.py, for the clone's eval and both arms (after ARM_FLAGS below:
 theirs win). The arms run the ALFWorld preset (train.PRESETS: 16 x 8 envs, 50 steps, window memory,
@@ -60,10 +60,10 @@ ARM_FLAGS = (
 ).split()
 
 
-def run(cmd, log, wait=True):
+def run(cmd, log, wait=True, env=None):
     """A stage's command, its output into log; a failure is one line that names the log."""
     f = open(log, "a")
-    p = subprocess.Popen([sys.executable, *cmd], stdout=f, stderr=subprocess.STDOUT, cwd=ROOT)
+    p = subprocess.Popen([sys.executable, *cmd], stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
     if not wait:
         return p
     if p.wait():
@@ -140,7 +140,10 @@ def replicate(args, extra):
         cmd = ["train.py", "--env", "alfworld", "--model", clone, "--algo", arm, "--out_dir", run_dir]
         limit = ["--time_limit", f"{minutes:.2f}"] if minutes else []
         procs[arm] = run(
-            [*cmd, *ARM_FLAGS, *lora, *limit, *resume, *extra], os.path.join(out, f"{arm}.log"), wait=False
+            [*cmd, *ARM_FLAGS, *lora, *limit, *resume, *extra],
+            os.path.join(out, f"{arm}.log"),
+            wait=False,
+            env=compile_caches(run_dir) if args.lora_rank else None,
         )
     print(f"arms {', '.join(procs) or '(done before)'}: {minutes:.1f} min each, logs {out}/ARM.log")
     failed = [arm for arm, p in procs.items() if p.wait()]
@@ -200,11 +203,25 @@ def saved_iteration(out_dir):
     return json.load(open(path))["iteration"] if os.path.exists(path) else 0
 
 
+def compile_caches(run_dir):
+    """The environment of a long pair's arm: torch.compile's kernels (the trainer's layers; Triton's
+    cache is inside) and vLLM's compiled model kept in RUN_DIR/compile_cache, which the carry takes
+    along, so that an arm resumed on a fresh machine loads them instead of compiling again (each
+    session's first iteration and engine start paid it: 165-200 s for the first iteration on an
+    H100, against ~73 s later). Caches a user set already are left as they are."""
+    cache = os.path.join(run_dir, "compile_cache")
+    return {
+        "TORCHINDUCTOR_CACHE_DIR": os.path.join(cache, "inductor"),
+        "VLLM_CACHE_ROOT": os.path.join(cache, "vllm"),
+        **os.environ,
+    }
+
+
 def carry(out, arms, with_ckpt):
     """OUT/carry.tgz: what a replicate needs to go on elsewhere, the small files only: the expert data,
     the clone's adapter (--lora_rank) and eval, each arm's logs (episodes.jsonl: bench.credit's input),
-    eval and (with LoRA: MBs) checkpoint. Not the merged clone or the arms' model/ exports, which are
-    rebuilt or rewritten."""
+    eval and (with LoRA: MBs) checkpoint and compile caches. Not the merged clone or the arms' model/
+    exports, which are rebuilt or rewritten."""
     names = ["bc.jsonl", "clone/bc.json", "clone/adapter", "clone_eval", "pair.log", "pair.md"]
     for arm in arms:
         names += [
@@ -216,6 +233,7 @@ def carry(out, arms, with_ckpt):
         ]
         if with_ckpt:
             names.append(os.path.relpath(checkpoint.checkpoint_path(os.path.join(out, arm)), out))
+            names.append(f"{arm}/compile_cache")
     path = os.path.join(out, "carry.tgz")
     with tarfile.open(path + ".tmp", "w:gz") as tar:
         for name in names:

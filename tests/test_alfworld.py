@@ -634,9 +634,10 @@ def test_bc_lora_clone_is_rebuilt_from_its_adapter(tiny_model, tmp_path):
 def test_pair_with_lora_goes_on_on_another_machine_from_its_carry(
     data_dir, tiny_model, tmp_path, monkeypatch
 ):
-    """bench.pair --lora_rank: one iteration per arm, then OUT is lost but for carry.tgz (MBs); unpacked
-    into a fresh OUT, the same command with --iterations 2 merges the clone again from its adapter,
-    keeps the clone's eval and resumes both arms from their checkpoints to iteration 2."""
+    """bench.pair --lora_rank: one iteration per arm, then OUT is lost but for carry.tgz (MBs, with the
+    arms' compile caches); unpacked into a fresh OUT, the same command with --iterations 2 merges the
+    clone again from its adapter, keeps the clone's eval and resumes both arms from their checkpoints
+    to iteration 2."""
     from bench import pair
 
     model, tok = tiny_model
@@ -651,12 +652,21 @@ def test_pair_with_lora_goes_on_on_another_machine_from_its_carry(
     ]
     pair.main(["--model", str(tmp_path / "tiny"), "--out", str(out), *flags, "--iterations", "1"])
     assert (out / "pair.md").exists() and (out / "carry.tgz").stat().st_size < 2**20
+    env = pair.compile_caches(str(out / "gigpo"))  # the arms' caches (compiled on a GPU), in the carry
+    assert env["VLLM_CACHE_ROOT"] == str(out / "gigpo" / "compile_cache" / "vllm")
+    kernel = out / "gigpo" / "compile_cache" / "inductor" / "fxgraph" / "k"
+    kernel.parent.mkdir(parents=True)
+    kernel.write_text("a compiled graph")
+    pair.carry(str(out), pair.ARMS, with_ckpt=True)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))  # a user's own: kept
+    assert pair.compile_caches(str(out / "gigpo"))["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "mine")
     clone_eval = (out / "clone_eval" / "eval.json").read_text()
     out.rename(tmp_path / "lost")  # a fresh machine: only the carry comes along
     out.mkdir()
     with tarfile.open(tmp_path / "lost" / "carry.tgz") as tar:
         tar.extractall(out)
     assert not (out / "clone" / "config.json").exists() and (out / "gigpo" / "ckpt").exists()
+    assert (out / "gigpo" / "compile_cache" / "inductor" / "fxgraph" / "k").read_text() == "a compiled graph"
     pair.main(["--model", str(tmp_path / "tiny"), "--out", str(out), *flags, "--iterations", "2"])
     assert "merged onto" in (out / "pair.log").read_text()
     assert (out / "clone_eval" / "eval.json").read_text() == clone_eval  # kept, not played again
