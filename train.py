@@ -203,6 +203,8 @@ def main(argv=None):
     envs = GroupedEnvs(cfg.env, cfg.n_groups // world, cfg.group_size, workers=cfg.env_workers, **env_args)
     print0(f"config: {json.dumps(config)}\n{batch_arithmetic(cfg, world, envs)}")
     t_set_up.append(time.perf_counter())
+    if not meta or meta["iteration"] < cfg.iterations:  # env workers: the first games load beside the build
+        envs.prefetch(rank_seeds(cfg, envs, rank, (meta["iteration"] if meta else 0) + 1))
     random_play = RandomBaseline(cfg, meta, eval_envs, rank)  # played beside the policy's build
     model, tok, ref, engine, gen_model, packed = build_policy(cfg, device, world, print0)
     opt, sched = make_optimizer(cfg, model, device)
@@ -307,18 +309,14 @@ def collect(cfg, envs, engine, tok, prompt, it, rank, saved, while_envs_step=Non
     """Section 1: this rank's groups play one batch, each group from its own seed -> (samples,
     episodes, episodes a dead env worker cut short, rollout timings). Every episode cut short (a full
     disk, an env that cannot start) stops the run in one line."""
-    local = envs.n_groups  # this rank's groups: rank * local + j
     memories = [make_memory(cfg.memory, cfg.memory_k or None) for _ in range(envs.n)]
-    seeds = lambda i: [
-        train_seed(cfg.seed, i, g, cfg.n_groups) for g in range(rank * local, (rank + 1) * local)
-    ]
     samples, episodes, timing = rollout(
         envs,
         engine,
         tok,
         prompt,
         memories,
-        seeds(it),
+        rank_seeds(cfg, envs, rank, it),
         cfg.temperature,
         TOP_P,
         cfg.max_response_tokens,
@@ -326,7 +324,7 @@ def collect(cfg, envs, engine, tok, prompt, it, rank, saved, while_envs_step=Non
         while_envs_step=while_envs_step,
     )
     if it < cfg.iterations:  # the env workers load the next iteration's games while this one updates
-        envs.prefetch(seeds(it + 1))
+        envs.prefetch(rank_seeds(cfg, envs, rank, it + 1))
     samples, episodes, n_dead = drop_dead_workers(samples, episodes)
     if all_reduce(len(episodes)) == 0:
         sys.exit(
@@ -439,6 +437,12 @@ def batch_arithmetic(cfg, world, envs):
         f"{cfg.mini_batch} samples/optimizer step in micro-batches of <= {cfg.micro_batch_tokens} tokens; "
         f"<= {cfg.max_response_tokens} response tokens/sample"
     )
+
+
+def rank_seeds(cfg, envs, rank, it):
+    """This rank's group seeds in iteration it: its groups are rank * local + j, j < local."""
+    local = envs.n_groups
+    return [train_seed(cfg.seed, it, g, cfg.n_groups) for g in range(rank * local, (rank + 1) * local)]
 
 
 def train_seed(seed, it, g, n_groups):

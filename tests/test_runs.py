@@ -391,11 +391,20 @@ def test_sweep_refuses_an_out_that_holds_runs(tmp_path):
     assert r.returncode != 0 and r.stderr.strip().startswith("error: ") and "--report" in r.stderr, r.stderr
 
 
-def test_env_workers_and_their_prefetched_resets_train_as_in_process_envs(done_run, tmp_path):
-    """--env_workers 2 (the next iteration's games reset by the workers during the update,
-    GroupedEnvs.prefetch) trains on the samples in-process envs give: the same metrics, times aside."""
+def test_env_workers_and_their_prefetched_resets_train_as_in_process_envs(done_run, tmp_path, monkeypatch):
+    """--env_workers 2 (the next iteration's games reset by the workers during the update, and the
+    first iteration's during the policy's build: GroupedEnvs.prefetch) trains on the samples
+    in-process envs give: the same metrics, times aside."""
+    from envs.vector import GroupedEnvs
+
+    calls, real_prefetch, real_build = [], GroupedEnvs.prefetch, train.build_policy
+    monkeypatch.setattr(GroupedEnvs, "prefetch", lambda e, s: calls.append(list(s)) or real_prefetch(e, s))
+    monkeypatch.setattr(train, "build_policy", lambda *a: calls.append("build") or real_build(*a))
     out = tmp_path / "workers"
     train.main([*ARGS, "--iterations", "2", "--env_workers", "2", "--out_dir", str(out)])
+    n = train.parse_args(ARGS).n_groups
+    seeds = lambda it: [train.train_seed(0, it, g, n) for g in range(n)]  # noqa: E731
+    assert calls == [seeds(1), "build", seeds(2)]  # iteration 1's games asked for before the build
     untimed = [[untime(json.loads(line)) for line in open(d / "metrics.jsonl")] for d in (done_run, out)]
     assert untimed[0] == untimed[1] and len(untimed[0]) == 2
 
