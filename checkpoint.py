@@ -43,6 +43,7 @@ RESUME_FREE = {
     "resume",
     "iterations",
     "eval_every",
+    "save_every",
     "time_limit",
     "threads",
     "env_workers",

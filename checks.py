@@ -101,6 +101,7 @@ def check_config(cfg):
         "clip_high",
         "entropy_coef",
         "time_limit",
+        "save_every",
     ):  # a negative weight would reward what it is there to curb
         if getattr(cfg, name) < 0:
             bad(f"--{name} {getattr(cfg, name)} must be >= 0")

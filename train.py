@@ -127,7 +127,8 @@ class Config:
         0  # > 0: train LoRA adapters of this rank (peft, all linear layers) instead of all weights
     )
     # evaluation, logging, io
-    eval_every: int = 5  # evaluate (evaluate.py) every k iterations (and at the end)
+    eval_every: int = 5  # evaluate (evaluate.py) every k iterations (and at the end); checkpoint there
+    save_every: int = 0  # also checkpoint every k iterations, evaluated or not (0: only where above)
     eval_episodes: int = 256  # held-out seeds 10**9 + [0, n): the same set every run
     eval_temperature: float = 0.0  # 0 = greedy (paper: 0.4 sampled)
     seed: int = 0  # seeds torch, python and the training env seeds (train_seed)
@@ -250,7 +251,7 @@ def main(argv=None):
         # 5. eval, every eval_every and at the end (rank 0; a few episodes of each set recorded)
         out_of_time = limit > 0 and all_reduce(time.perf_counter() - t_run, "max") > limit
         evaluate_now = it % cfg.eval_every == 0 or it == cfg.iterations  # not at a --time_limit stop
-        checkpoint = evaluate_now or out_of_time
+        checkpoint = evaluate_now or out_of_time or (cfg.save_every and it % cfg.save_every == 0)
         if evaluate_now and rank == 0:
             eval_rates, eval_it = run_eval(cfg, tok, eval_envs, prompt, engine, it, episode_log), it
             if wandb and shown:

@@ -18,7 +18,9 @@ A replicate (each stage is skipped where its output is already there, so a rerun
               once (train.py --eval_only 1) -> OUT/gigpo_eval/, OUT/grpo_eval/
   5. compare  evaluate.compare for clone -> gigpo, clone -> grpo, gigpo -> grpo -> OUT/pair.md
 What a lost host costs: the stage it was in. Small files to copy off as they appear: bc.jsonl (a
-few MB), clone_eval/eval.json, the arms' metrics.jsonl (one line an iteration) and ARM_eval/.
+few MB), clone_eval/eval.json, the arms' metrics.jsonl (one line an iteration) and ARM_eval/. In a
+long pair (below) the arms also save every SAVE_EVERY iterations and OUT/carry.tgz is rewritten
+after each save, so there a lost host costs the iterations since the last one.
 
 A long pair over several machines (--lora_rank R): the clone and both arms train LoRA adapters, so
 everything a replicate needs is MBs, packed in OUT/carry.tgz after every run (expert data, the
@@ -58,6 +60,10 @@ ARM_FLAGS = (
     "--max_response_tokens 64 --lr 1e-5 --engine vllm --gpu_memory_utilization 0 --kv_cache_mb 4096 "
     "--env_workers 8 --micro_batch_tokens 32768 --eval_every 100000"
 ).split()
+
+
+SAVE_EVERY = 3  # a long pair's arms checkpoint every 3 iterations (~4 min on an H100), each in the carry
+POLL = 20  # seconds between looks at the arms' checkpoints
 
 
 def run(cmd, log, wait=True, env=None):
@@ -139,14 +145,15 @@ def replicate(args, extra):
             print(f"{arm}: a run cut short before its checkpoint is kept in {kept}; starting it again")
         cmd = ["train.py", "--env", "alfworld", "--model", clone, "--algo", arm, "--out_dir", run_dir]
         limit = ["--time_limit", f"{minutes:.2f}"] if minutes else []
+        saves = ["--save_every", str(SAVE_EVERY)] if args.lora_rank else []  # carried as they come
         procs[arm] = run(
-            [*cmd, *ARM_FLAGS, *lora, *limit, *resume, *extra],
+            [*cmd, *ARM_FLAGS, *lora, *saves, *limit, *resume, *extra],
             os.path.join(out, f"{arm}.log"),
             wait=False,
             env=compile_caches(run_dir) if args.lora_rank else None,
         )
     print(f"arms {', '.join(procs) or '(done before)'}: {minutes:.1f} min each, logs {out}/ARM.log")
-    failed = [arm for arm, p in procs.items() if p.wait()]
+    failed = wait_for_arms(out, procs, args.arms, refresh=bool(args.lora_rank))
     at.update({arm: saved_iteration(os.path.join(out, arm)) for arm in args.arms})  # done() reads it
     kept = carry(out, args.arms, with_ckpt=bool(args.lora_rank))  # also what a failed arm had saved
     if failed:
@@ -217,6 +224,32 @@ def compile_caches(run_dir):
     }
 
 
+def wait_for_arms(out, procs, arms, refresh):
+    """Wait for the arms' processes -> the arms that failed. refresh (a long pair): OUT/carry.tgz is
+    written again each time an arm's checkpoint moves on, so a host lost mid-session costs only the
+    iterations since (copy carry.tgz off as it changes)."""
+    seen = checkpoints(out, arms)
+    while any(p.poll() is None for p in procs.values()):
+        time.sleep(POLL)
+        now = checkpoints(out, arms)
+        if refresh and now != seen and carry(out, arms, with_ckpt=True):
+            seen = now
+    return [arm for arm, p in procs.items() if p.returncode]
+
+
+def checkpoints(out, arms):
+    """Which checkpoint each arm holds now: its ckpt/ folder's inode (a save swaps in a new folder)
+    and iteration; None where there is none."""
+    ids = {}
+    for arm in arms:
+        run_dir = os.path.join(out, arm)
+        try:
+            ids[arm] = (os.stat(checkpoint.checkpoint_path(run_dir)).st_ino, checkpoint.saved(run_dir))
+        except OSError:
+            ids[arm] = None
+    return ids
+
+
 def carry(out, arms, with_ckpt):
     """OUT/carry.tgz: what a replicate needs to go on elsewhere, the small files only: the expert data,
     the clone's adapter (--lora_rank) and eval, each arm's logs (episodes.jsonl: bench.credit's input),
@@ -234,13 +267,18 @@ def carry(out, arms, with_ckpt):
         if with_ckpt:
             names.append(os.path.relpath(checkpoint.checkpoint_path(os.path.join(out, arm)), out))
             names.append(f"{arm}/compile_cache")
-    path = os.path.join(out, "carry.tgz")
-    with tarfile.open(path + ".tmp", "w:gz") as tar:
-        for name in names:
-            if os.path.exists(os.path.join(out, name)):
-                tar.add(os.path.join(out, name), arcname=name)
+    path, before = os.path.join(out, "carry.tgz"), checkpoints(out, arms)
+    try:
+        with tarfile.open(path + ".tmp", "w:gz") as tar:
+            for name in names:
+                if os.path.exists(os.path.join(out, name)):
+                    tar.add(os.path.join(out, name), arcname=name)
+    except (OSError, tarfile.TarError):  # a file gone mid-walk: an arm swapping in a checkpoint
+        return None
+    if checkpoints(out, arms) != before:  # a checkpoint swapped in while packing: parts of two saves
+        return None
     os.replace(path + ".tmp", path)
-    print(f"bench.pair: {path}, {os.path.getsize(path) / 2**20:.1f} MiB")
+    print(f"bench.pair: {path}, {os.path.getsize(path) / 2**20:.1f} MiB", flush=True)
     return path
 
 

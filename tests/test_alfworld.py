@@ -8,6 +8,7 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -629,6 +630,62 @@ def test_bc_lora_clone_is_rebuilt_from_its_adapter(tiny_model, tmp_path):
     )
     assert set(clone) == set(plain) and all(torch.equal(clone[k], again[k]) for k in clone)
     assert any(not torch.equal(clone[k], plain[k]) for k in clone if "proj" in k)  # the adapters moved
+
+
+def fake_checkpoint(run_dir, iteration):
+    """A checkpoint folder as a save swaps it in: a new ckpt/ with its meta.json."""
+    ckpt = run_dir / "ckpt"
+    if ckpt.exists():
+        ckpt.rename(run_dir / "ckpt.gone")
+    tmp = run_dir / "ckpt.tmp"
+    tmp.mkdir(parents=True)
+    (tmp / "meta.json").write_text(json.dumps({"iteration": iteration}))
+    tmp.rename(ckpt)
+    shutil.rmtree(run_dir / "ckpt.gone", ignore_errors=True)
+
+
+def test_a_long_pairs_carry_follows_each_checkpoint_and_never_packs_two_saves(tmp_path, monkeypatch):
+    """While a long pair's arms run (they save every SAVE_EVERY iterations), carry.tgz is written again
+    each time a checkpoint moves on, so a lost host costs only the iterations since; a save swapped in
+    while the carry was being packed leaves the last carry as it was (no mix of two checkpoints)."""
+    from bench import pair
+
+    out = tmp_path / "pair"
+    for arm in pair.ARMS:
+        fake_checkpoint(out / arm, 3)
+    assert pair.carry(str(out), pair.ARMS, with_ckpt=True)
+    packed, real_add = (out / "carry.tgz").read_bytes(), tarfile.TarFile.add
+
+    def add_during_a_save(tar, name, *a, **k):
+        if name.endswith(os.path.join("gigpo", "ckpt")):
+            fake_checkpoint(out / "gigpo", 6)
+        return real_add(tar, name, *a, **k)
+
+    monkeypatch.setattr(tarfile.TarFile, "add", add_during_a_save)
+    assert pair.carry(str(out), pair.ARMS, with_ckpt=True) is None
+    assert (out / "carry.tgz").read_bytes() == packed
+    monkeypatch.undo()
+
+    class Arm:  # a process that is running for its first polls
+        def __init__(self, polls, saves=None):
+            self.polls, self.saves, self.returncode = polls, saves, None
+
+        def poll(self):
+            self.polls -= 1
+            if self.polls == 2 and self.saves:  # it saves a checkpoint between two looks
+                fake_checkpoint(out / self.saves, 9)
+            self.returncode = 0 if self.polls < 0 else None
+            return self.returncode
+
+    carried, real_carry = [], pair.carry
+    monkeypatch.setattr(pair, "POLL", 0)
+    monkeypatch.setattr(pair, "carry", lambda *a, **k: carried.append(1) or real_carry(*a, **k))
+    assert (
+        pair.wait_for_arms(str(out), {"gigpo": Arm(5), "grpo": Arm(5, "grpo")}, pair.ARMS, refresh=True) == []
+    )
+    assert carried == [1]  # once: at the save, not at every look
+    with tarfile.open(out / "carry.tgz") as tar:
+        assert json.load(tar.extractfile("grpo/ckpt/meta.json"))["iteration"] == 9
 
 
 def test_pair_with_lora_goes_on_on_another_machine_from_its_carry(

@@ -127,6 +127,24 @@ def test_a_truncated_last_line_of_the_checkpoints_iteration_is_restored(run):
     assert (run / "metrics.jsonl").read_text().splitlines(keepends=True)[1] == lines[1]
 
 
+def test_save_every_checkpoints_between_evals_and_resume_goes_on_from_there(tmp_path, monkeypatch):
+    """--save_every k: a checkpoint every k iterations too, evaluated or not (a lost host then costs
+    fewer than k iterations); without it only evals and the end save. It leaves the training as it
+    was, so a resume may change it."""
+    saves, real_save = [], train.save
+    monkeypatch.setattr(
+        train, "save", lambda out, it, *a, **k: saves.append(it) or real_save(out, it, *a, **k)
+    )
+    base = [*ARGS, "--eval_every", "100", "--iterations", "5"]
+    train.main([*base, "--out_dir", str(tmp_path / "a"), "--save_every", "2"])
+    train.main([*base, "--out_dir", str(tmp_path / "b")])
+    assert saves == [2, 4, 5, 5]
+    train.main(
+        [*base, "--iterations", "7", "--out_dir", str(tmp_path / "b"), "--resume", "1", "--save_every", "1"]
+    )
+    assert saves[4:] == [6, 7] and saved_at(tmp_path / "b") == 7
+
+
 def no_space(*a, **k):
     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
