@@ -72,9 +72,10 @@ def env_class(name):
     return getattr(env_module(name), ENVS[name][1])
 
 
-def parse_env_args(name, text):
+def parse_env_args(name, text, what=None):
     """--env_args "size=6,walls=3" -> {"size": 6, "walls": 3}; the keys must be the env's constructor
-    arguments (ValueError naming the flag otherwise). Values are Python literals, else strings."""
+    arguments (ValueError naming the flag, or `what` the arguments came in, otherwise). Values are
+    Python literals, else strings."""
     import ast
     import inspect
 
@@ -84,7 +85,7 @@ def parse_env_args(name, text):
         key, eq, value = item.partition("=")
         if not eq or key.strip() not in known:
             raise ValueError(
-                f"--env_args {text!r}: {item!r} is not key=value with a key of {name}'s "
+                f"{what or f'--env_args {text!r}'}: {item!r} is not key=value with a key of {name}'s "
                 f"arguments ({', '.join(sorted(known))})"
             )
         try:
@@ -98,9 +99,9 @@ def script_args(name, argv):
     """`python -m envs.NAME key=value ...` (an env's baselines as a script) -> its constructor kwargs;
     bad arguments stop in one line that names the env's keys."""
     try:
-        return parse_env_args(name, ",".join(argv))
+        return parse_env_args(name, ",".join(argv), what=f"python -m envs.{name} {' '.join(argv)}")
     except ValueError as e:
-        raise SystemExit(f"error: python -m envs.{name} takes key=value arguments: {e}") from None
+        raise SystemExit(f"error: {e}") from None
 
 
 def test_set(name, names, n, size):

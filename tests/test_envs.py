@@ -346,4 +346,7 @@ def test_an_env_script_takes_its_keys_and_names_them_in_one_line_otherwise():
     assert script_args("keydoor", ["size=6", "walls=4"]) == {"size": 6, "walls": 4}
     with pytest.raises(SystemExit) as e:
         script_args("sokoban", ["colour=red"])
-    assert str(e.value).startswith("error: python -m envs.sokoban") and "rows" in str(e.value)
+    assert str(e.value).startswith(
+        "error: python -m envs.sokoban colour=red: 'colour=red'"
+    ) and "rows" in str(e.value)
+    assert "--env_args" not in str(e.value)  # train.py's flag, not this script's
