@@ -213,9 +213,9 @@ def saved_iteration(out_dir):
 def compile_caches(run_dir):
     """The environment of a long pair's arm: torch.compile's kernels (the trainer's layers; Triton's
     cache is inside) and vLLM's compiled model kept in RUN_DIR/compile_cache, which the carry takes
-    along, so that an arm resumed on a fresh machine loads them instead of compiling again (each
-    session's first iteration and engine start paid it: 165-200 s for the first iteration on an
-    H100, against ~73 s later). Caches a user set already are left as they are."""
+    along, so that an arm resumed on a fresh machine loads them instead of compiling again (on an
+    H100 each session's first update took 165-200 s, against 31-47 s later, and the engine's start
+    ~86 s). Caches a user set already are left as they are."""
     cache = os.path.join(run_dir, "compile_cache")
     return {
         "TORCHINDUCTOR_CACHE_DIR": os.path.join(cache, "inductor"),
@@ -228,10 +228,13 @@ def wait_for_arms(out, procs, arms, refresh):
     """Wait for the arms' processes -> the arms that failed. refresh (a long pair): OUT/carry.tgz is
     written again each time an arm's checkpoint moves on, so a host lost mid-session costs only the
     iterations since (copy carry.tgz off as it changes)."""
-    seen = checkpoints(out, arms)
-    while any(p.poll() is None for p in procs.values()):
-        time.sleep(POLL)
-        now = checkpoints(out, arms)
+    seen, running = checkpoints(out, arms), list(procs.values())
+    while running:
+        try:
+            running[0].wait(timeout=POLL)  # returns as soon as it ends
+        except subprocess.TimeoutExpired:
+            pass
+        running, now = [p for p in running if p.poll() is None], checkpoints(out, arms)
         if refresh and now != seen and carry(out, arms, with_ckpt=True):
             seen = now
     return [arm for arm, p in procs.items() if p.returncode]

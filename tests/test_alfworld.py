@@ -677,6 +677,10 @@ def test_a_long_pairs_carry_follows_each_checkpoint_and_never_packs_two_saves(tm
             self.returncode = 0 if self.polls < 0 else None
             return self.returncode
 
+        def wait(self, timeout):
+            if self.poll() is None:
+                raise subprocess.TimeoutExpired("train.py", timeout)
+
     carried, real_carry = [], pair.carry
     monkeypatch.setattr(pair, "POLL", 0)
     monkeypatch.setattr(pair, "carry", lambda *a, **k: carried.append(1) or real_carry(*a, **k))
