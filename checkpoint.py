@@ -37,8 +37,8 @@ warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavai
 
 # flags a resumed run may change: none changes what is trained (engine, kv_cache_mb, gpu_memory_utilization,
 # compile: how the same distribution is sampled and computed; log_groups, metrics: what is logged; overlap:
-# when env steps run; logp_every, log_mb, peak_tflops: flags of older runs' configs); env_args: compared as
-# the env's arguments (env_kwargs), so spelling out a default changes nothing
+# when env steps run; logp_every, log_mb, peak_tflops, early_logprobs: flags of older runs' configs);
+# env_args: compared as the env's arguments (env_kwargs), so spelling out a default changes nothing
 RESUME_FREE = {
     "resume",
     "iterations",

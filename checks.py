@@ -129,8 +129,6 @@ def check_config(cfg):
         bad(f"--similarity {cfg.similarity} must be in [0, 1] (0 = exact anchor match)")
     if cfg.log_groups < 0:
         bad(f"--log_groups {cfg.log_groups} must be >= 0")
-    if cfg.early_logprobs and cfg.overlap:
-        bad("--early_logprobs 1 fills the lockstep schedule's env waits; --overlap 1 has none: drop one")
     if cfg.kv_cache_mb < 1 or not 0 <= cfg.gpu_memory_utilization < 1:
         bad("--kv_cache_mb must be >= 1 and --gpu_memory_utilization in [0, 1)")
     if cfg.device == "cuda" and not torch.cuda.is_available():
@@ -168,5 +166,3 @@ def check_world(cfg, world):
     """The flags that depend on the number of ranks: one line if they do not fit it."""
     if cfg.n_groups % world:
         fail(f"--n_groups {cfg.n_groups} must divide over {world} ranks (each owns whole groups)")
-    if cfg.early_logprobs and world > 1:  # the ranks' rollouts take different numbers of steps
-        fail(f"--early_logprobs 1 runs in one process, not {world} ranks: drop it under torchrun")

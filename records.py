@@ -294,7 +294,6 @@ def metrics_line(cfg, m):
         "vf_clip_frac": cfg.algo == "ppo",
         "dropped_groups": cfg.dynamic_sampling,
         "worker_died": cfg.env_workers > 0,
-        "time_early_logprobs": cfg.early_logprobs,
         "gpu_mem_gib": m.get("gpu_mem_gib") is not None,
     }
     return {

@@ -50,7 +50,7 @@ def render_prompts(tokenizer, messages):
 
 
 def rollout(envs, engine, tokenizer, prompt, memories, group_seeds, temperature, top_p, max_tokens,
-            max_turns=1000, desc=None, overlap=False, while_envs_step=None):  # fmt: skip
+            max_turns=1000, desc=None, overlap=False):  # fmt: skip
     """Play one batch of episodes to the end -> (samples, episodes, timings).
 
     envs: GroupedEnvs; memories: one per env; group_seeds: one per group. Envs that finished are
@@ -60,12 +60,9 @@ def rollout(envs, engine, tokenizer, prompt, memories, group_seeds, temperature,
     (under overlap: only the wait the generation did not hide) and the rest (prompts, parsing).
     overlap: the overlap schedule (module docstring) where envs step in worker processes.
     desc: show a progress bar (one tick per finished step) under this name, for long evaluations.
-    while_envs_step: called (lockstep, envs in worker processes) with the samples that came in since
-    its last call, while the envs play the next step: work for a device that would idle there
-    (train.py's --early_logprobs); its seconds are timings["early"].
     """
     t_start = time.perf_counter()
-    timing = {"gen": 0.0, "env": 0.0, "early": 0.0}
+    timing = {"gen": 0.0, "env": 0.0}
     obs, infos = envs.reset(group_seeds)
     timing["env"] += time.perf_counter() - t_start
     for mem, info in zip(memories, infos):
@@ -75,8 +72,7 @@ def rollout(envs, engine, tokenizer, prompt, memories, group_seeds, temperature,
         for i in range(len(obs))
     ]
     overlap = overlap and envs.workers > 0  # in-process envs step at once: nothing to hide
-    while_envs_step = envs.workers > 0 and not overlap and while_envs_step  # likewise, nothing to fill
-    samples, asked, steps, handed = [], {}, [0] * len(obs), 0  # asked: env -> its prompt ids at the engine
+    samples, asked, steps = [], {}, [0] * len(obs)  # asked: env -> its prompt ids at the engine
     bar = tqdm(desc=desc, unit="step", leave=False, disable=desc is None)
 
     def ask(ready):  # the next prompts of these envs, built in env order, to the engine
@@ -113,10 +109,6 @@ def rollout(envs, engine, tokenizer, prompt, memories, group_seeds, temperature,
             )
             stepping[i], actions[i] = (asked.pop(i), ids, lps, action, valid), action
         envs.send(actions)
-        if while_envs_step and handed < len(samples):
-            t0 = time.perf_counter()
-            while_envs_step(samples[handed:])
-            handed, timing["early"] = len(samples), timing["early"] + time.perf_counter() - t0
         t0 = time.perf_counter()
         # overlap: block on the envs only when the engine has nothing left to generate
         results = envs.receive(("now" if asked else "any") if overlap else "all")
@@ -156,5 +148,5 @@ def rollout(envs, engine, tokenizer, prompt, memories, group_seeds, temperature,
             )
     bar.close()
     samples.sort(key=lambda s: (s.step, s.traj))
-    timing["other"] = time.perf_counter() - t_start - timing["gen"] - timing["env"] - timing["early"]
+    timing["other"] = time.perf_counter() - t_start - timing["gen"] - timing["env"]
     return samples, episodes, timing

@@ -83,7 +83,6 @@ class Config:
     group_size: int = 8  # envs per group, all started from the same seed (paper: 8)
     env_workers: int = 0  # env worker processes; 0 = step in-process (fine for the toy game)
     overlap: bool = False  # with env workers: step envs while the engine generates (no gain so far: docs)
-    early_logprobs: bool = False  # lockstep, one process: each step's old/KL log-probs while the envs step
     # model and generation
     model: str = "tiny"  # "tiny" = built here from scratch (tiny.py), or an HF name/path
     prompt: str = ""  # a prompt variant of prompts/<env>.py (build_NAME), e.g. "choice" (ALFWorld:
@@ -226,9 +225,7 @@ def main(argv=None):
     for it in bar:
         timer = records.Timer()
         # 1. collect: this rank's groups, each from its own seed; every env step is a sample
-        early = {}  # id(sample) -> (sample, old, reference log-probs), filled while the envs step
-        hook = cfg.early_logprobs and (lambda new: early.update(logprob_passes(cfg, model, ref, new, lp)))
-        samples, episodes, n_dead, timing = collect(cfg, envs, engine, tok, prompt, it, rank, saved, hook)
+        samples, episodes, n_dead, timing = collect(cfg, envs, engine, tok, prompt, it, rank, saved)
         # 2. advantages (--algo ppo: GAE on the critic's values), a few whole groups recorded with GiGPO's
         #    view of each step; the update trains on all but DAPO's tied groups, tokens balanced over ranks
         with timer("update", device):
@@ -240,7 +237,7 @@ def main(argv=None):
         # 3. update: old (and reference) log-probs by the training model, then the clipped step
         with timer("sync"):
             engine.sleep()  # vLLM on GPU: its memory goes to the update
-        old, upd = update_policy(cfg, model, ref, opt, sched, critic, trained, adv, targets, lp, timer, early)
+        old, upd = update_policy(cfg, model, ref, opt, sched, critic, trained, adv, targets, lp, timer)
         stop_if_not_finite(model, critic, upd, it, cfg, saved)
         if rank == 0 and cfg.log_groups:  # written once the update is known finite, like everything else
             episode_log.write(shown)
@@ -306,7 +303,7 @@ def resume(cfg, meta, model, opt, sched, rank, extra, engine, print0):
     return start
 
 
-def collect(cfg, envs, engine, tok, prompt, it, rank, saved, while_envs_step=None):
+def collect(cfg, envs, engine, tok, prompt, it, rank, saved):
     """Section 1: this rank's groups play one batch, each group from its own seed -> (samples,
     episodes, episodes a dead env worker cut short, rollout timings). Every episode cut short (a full
     disk, an env that cannot start) stops the run in one line."""
@@ -322,7 +319,6 @@ def collect(cfg, envs, engine, tok, prompt, it, rank, saved, while_envs_step=Non
         TOP_P,
         cfg.max_response_tokens,
         overlap=cfg.overlap,
-        while_envs_step=while_envs_step,
     )
     if it < cfg.iterations:  # the env workers load the next iteration's games while this one updates
         envs.prefetch(rank_seeds(cfg, envs, rank, it + 1))
@@ -335,27 +331,20 @@ def collect(cfg, envs, engine, tok, prompt, it, rank, saved, while_envs_step=Non
     return samples, episodes, n_dead, timing
 
 
-def logprob_passes(cfg, model, ref, samples, lp, timer=None):
-    """The old and (--kl_coef) KL reference log-probs of samples by the training model -> {id(sample):
-    (sample, old, reference or None)}. timer: their seconds as time_logprobs (the reference's also
-    as time_ref_logprobs)."""
-    timer, device = timer or records.Timer(), lp["device"]
-    with timer("logprobs", device):
-        old, ref_lp = logprobs(model, samples, **lp), [None] * len(samples)
-        if cfg.kl_coef > 0:  # the frozen copy, or with LoRA the model itself with its adapters off
-            with timer("ref", device), model.disable_adapter() if cfg.lora_rank else contextlib.nullcontext():
-                ref_lp = logprobs(model if ref is None else ref, samples, **lp)
-    return {id(s): (s, o, r) for s, o, r in zip(samples, old, ref_lp)}
-
-
-def update_policy(cfg, model, ref, opt, sched, critic, trained, adv, targets, lp, timer, early):
-    """Section 3: old (and KL reference) log-probs by the training model, but those the rollout made
-    (early, --early_logprobs), then the clipped step -> (old log-probs, the update's metrics)."""
-    with timer("update", lp["device"]):
-        todo = [s for s in trained if early.get(id(s), (None,))[0] is not s]  # the object, not a reused id
-        early = {**early, **logprob_passes(cfg, model, ref, todo, lp, timer)} if todo else early
-        old, ref_lp = ([early[id(s)][k] for s in trained] for k in (1, 2))
-        ref_lp = ref_lp if cfg.kl_coef > 0 else None
+def update_policy(cfg, model, ref, opt, sched, critic, trained, adv, targets, lp, timer):
+    """Section 3: old (and KL reference) log-probs by the training model, then the clipped step ->
+    (old log-probs, the update's metrics). Their seconds: time_logprobs (the reference's also
+    time_ref_logprobs), within time_update."""
+    device = lp["device"]
+    with timer("update", device):
+        with timer("logprobs", device):
+            old, ref_lp = logprobs(model, trained, **lp), None
+            if cfg.kl_coef > 0:  # the frozen copy, or with LoRA the model itself with its adapters off
+                with (
+                    timer("ref", device),
+                    model.disable_adapter() if cfg.lora_rank else contextlib.nullcontext(),
+                ):
+                    ref_lp = logprobs(model if ref is None else ref, trained, **lp)
         upd = update(
             model, opt, sched, trained, old=old, ref=ref_lp, adv=adv, critic=critic, targets=targets, **lp
         )
@@ -379,9 +368,8 @@ def metrics(cfg, it, batch, sched, stats, timing, timer, eval_rates, t_run):
             "time_gen": timing["gen"],
             "time_env": timing["env"],
             "time_rollout_other": timing["other"],
-            "time_early_logprobs": timing["early"],
             "time_update": timer["update"],
-            "time_logprobs": timer.get("logprobs", 0.0),  # none: every sample done early, or none trained
+            "time_logprobs": timer.get("logprobs", 0.0),
             "time_ref_logprobs": timer.get("ref", 0.0),
             "time_sync": timer["sync"],
             "time_iteration": dt,

@@ -26,8 +26,7 @@ and the update's log-prob passes apart from its step (time_logprobs); then the s
 first; --json FILE appends them (the last iteration's at the top level, every one under "per_iteration").
 train.py runs with --metrics all (the sub-timers and throughput figures are not in its default line).
 MFU of time_update: 2N FLOPs per token for the forward of the old log-probs and 6N for the update's
-forward/backward, N parameters, over --peak_tflops x ranks (the KL reference's pass is not counted;
-with --early_logprobs 1 the time is time_update + time_early_logprobs, where those passes ran).
+forward/backward, N parameters, over --peak_tflops x ranks (the KL reference's pass is not counted).
 """
 
 import argparse
@@ -53,7 +52,6 @@ PHASES = (
     "time_gen",
     "time_env",
     "time_rollout_other",
-    "time_early_logprobs",
     "time_update",
     "time_sync",
     "time_iteration",
@@ -160,22 +158,8 @@ def main():
         default=1,
         help="0: the env workers reset an iteration's games at its start, not during the update before it",
     )
-    ap.add_argument(
-        "--ab_early",
-        type=int,
-        default=0,
-        help="1: train.py --early_logprobs 1 in odd iterations only, so one run on one warm host times "
-        "both, alternated (compare iterations >= 3, per sample)",
-    )
     args, rest = ap.parse_known_args()
     rollout.WAVE = args.wave
-    if args.ab_early:  # the early passes' hook only in odd iterations; the others do every pass in the update
-        real_collect = train.collect
-
-        def collect(cfg, envs, engine, tok, prompt, it, rank, saved, hook=None):
-            return real_collect(cfg, envs, engine, tok, prompt, it, rank, saved, hook if it % 2 else None)
-
-        train.collect, rest = collect, [*rest, "--early_logprobs", "1"]
     if not args.prefetch:
         GroupedEnvs.prefetch = lambda self, group_seeds: None
     model_dir, out_dir = (
@@ -223,10 +207,9 @@ def main():
     with open(os.path.join(out_dir, "metrics.jsonl")) as f:
         lines = [json.loads(line) for line in f]
     world = int(os.environ.get("WORLD_SIZE", 1))
-    for x in lines:  # MFU of time_update (see the module docstring), and of the early passes if any
-        busy = x["time_update"] + x.get("time_early_logprobs", 0.0)
+    for x in lines:  # MFU of time_update (see the module docstring)
         x["mfu"] = (
-            8 * n_params * x["tokens"] / busy / (args.peak_tflops * 1e12 * world)
+            8 * n_params * x["tokens"] / x["time_update"] / (args.peak_tflops * 1e12 * world)
             if args.peak_tflops
             else None
         )
@@ -288,16 +271,6 @@ def main():
             f"({first['time_update'] - m['time_update']:+.1f} s in the update, "
             f"{first['time_gen'] - m['time_gen']:+.1f} s in generation): its first calls (under --compile, "
             f"torch.compile's warm-up)"
-        )
-    if args.ab_early and len(lines) >= 4:  # iterations 3+: with the early passes (odd) vs without (even)
-        per = {on: [x for x in lines[2:] if x["iteration"] % 2 == on] for on in (1, 0)}
-        t = {
-            on: sum(x["time_iteration"] for x in xs) / sum(x["samples"] for x in xs) for on, xs in per.items()
-        }
-        res["ab_early_s_per_1000_samples"] = {"with": 1000 * t[1], "without": 1000 * t[0]}
-        print(
-            f"--early_logprobs, alternated (iterations 3+): {1000 * t[1]:.2f} s per 1000 samples with, "
-            f"{1000 * t[0]:.2f} without: {t[0] / t[1]:.2f}x"
         )
     if args.json:
         with open(args.json, "a") as f:

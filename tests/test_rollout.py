@@ -136,7 +136,7 @@ def test_rollout_records_ids_untouched_and_flags_invalid(tiny_model):
     # full history grows the prompt of later steps; step-independent: one call per step, batched
     assert len(by_env[1][2].prompt_ids) > len(by_env[1][0].prompt_ids)
     assert engine.calls[0] == 2 and sum(engine.calls) == len(samples)
-    assert set(timing) == {"gen", "env", "early", "other"}
+    assert set(timing) == {"gen", "env", "other"}
 
 
 def test_vllm_that_cannot_wake_is_one_line():
@@ -243,7 +243,7 @@ def test_overlapped_rollout_yields_the_lockstep_samples(tiny_model, monkeypatch,
         over, over_eps, timing = play(model, tok, overlap=True, engine=engine)
         assert fields(over) == fields(lock)
         assert all(abs(a - b) < 1e-5 for x, y in zip(over, lock) for a, b in zip(x.logprobs, y.logprobs))
-        assert over_eps == lock_eps and set(timing) == {"gen", "env", "early", "other"}
+        assert over_eps == lock_eps and set(timing) == {"gen", "env", "other"}
     assert engine.polls >= len(lock)  # one reply per poll: every sample was generated on its own
     steps = len({s.step for s in lock})
     if wave:  # prompts joined in waves: ~2 joins a step (of 6 envs, 3 at a time), not one per prompt

@@ -85,7 +85,6 @@ def test_help_lists_every_flag_with_the_env_s_defaults():
         (["--loss", "gspo", "--tis_cap", "2"], "--tis_cap"),
         (["--group_size", "1", "--algo", "ppo", "--dynamic_sampling", "1"], "--group_size"),
         (["--tied_step", "0", "--algo", "grpo"], "--tied_step"),
-        (["--early_logprobs", "1", "--overlap", "1"], "--early_logprobs"),
     ],
 )
 def test_bad_values_are_one_line_that_names_the_flag(args, words, tmp_path):
@@ -991,47 +990,3 @@ def test_bench_iteration_reports_every_iteration_and_the_last_as_steady_state(tm
     assert "steady state (iteration 2)" in r.stdout and "| 1 |" in r.stdout and "| 2 |" in r.stdout
     assert re.search(r"the env wait: \d+%", r.stdout), r.stdout[-500:]
     assert "--iterations 2" in r.stdout  # the train.py command it timed
-
-
-def test_bench_iteration_alternates_the_early_passes(tmp_path):
-    """--ab_early 1: one run times --early_logprobs both ways, alternated on the same warm process:
-    odd iterations score the samples during the env steps (the update then only the last step's),
-    even ones all in the update."""
-    r, res = bench_iteration(tmp_path, "--env_workers 2 --iterations 4 --ab_early 1")
-    early = [m["time_early_logprobs"] > 0 for m in res["per_iteration"]]
-    assert early == [True, False, True, False], res["per_iteration"]
-    assert set(res["ab_early_s_per_1000_samples"]) == {"with", "without"}
-    assert re.search(r"alternated \(iterations 3\+\): [\d.]+ s per 1000 samples with", r.stdout), r.stdout
-
-
-def test_early_logprobs_train_as_the_update_s_own_and_each_sample_is_scored_once(tmp_path, monkeypatch):
-    """--early_logprobs: the old and KL reference log-probs of each step's samples are computed while
-    env workers play the next step; the update computes only the rest (the last step's). The same
-    seeds then train as without: the same samples, the same loss and KL to float noise."""
-    import train
-
-    calls = []
-    real = train.logprob_passes
-    monkeypatch.setattr(
-        train,
-        "logprob_passes",
-        lambda cfg, m, r, s, lp, *t: calls.append(len(s)) or real(cfg, m, r, s, lp, *t),
-    )
-    lines = {}
-    for early in (0, 1):
-        out = tmp_path / f"early{early}"
-        args = [*SMALL_RUN, "--iterations", "2", "--env_workers", "2", "--kl_coef", "0.05"]
-        train.main([*args, "--early_logprobs", str(early), "--metrics", "all", "--out_dir", str(out)])
-        lines[early] = [json.loads(x) for x in open(out / "metrics.jsonl")]
-    off, on = lines[0], lines[1]
-    assert [x["samples"] for x in on] == [x["samples"] for x in off]
-    for a, b in zip(off, on):
-        assert abs(a["loss"] - b["loss"]) < 1e-5 and abs(a["kl_ref"] - b["kl_ref"]) < 1e-6, (a, b)
-        assert a["logp_gap"] == pytest.approx(b["logp_gap"], abs=1e-6)
-    assert on[0]["time_early_logprobs"] > 0 and off[0]["time_early_logprobs"] == 0
-    off_calls, on_calls = calls[:2], calls[2:]  # off: one call a iteration, all its samples
-    assert off_calls == [x["samples"] for x in off]
-    assert len(on_calls) > 4 and sum(on_calls) == sum(off_calls)  # a call a step, each sample once
-    del calls[:]  # in-process envs step at once: no wait to fill, the update scores all
-    train.main([*args, "--env_workers", "0", "--early_logprobs", "1", "--out_dir", str(tmp_path / "inproc")])
-    assert len(calls) == 2
