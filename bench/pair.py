@@ -215,12 +215,13 @@ def compile_caches(run_dir):
     cache is inside) and vLLM's compiled model kept in RUN_DIR/compile_cache, which the carry takes
     along, so that an arm resumed on a fresh machine loads them instead of compiling again (on an
     H100 each session's first update took 165-200 s, against 31-47 s later, and the engine's start
-    ~86 s). Caches a user set already are left as they are."""
+    ~86 s). They replace any set in this process's environment: torch sets TORCHINDUCTOR_CACHE_DIR
+    there itself (to its /tmp default) once it compiles anything."""
     cache = os.path.join(run_dir, "compile_cache")
     return {
+        **os.environ,
         "TORCHINDUCTOR_CACHE_DIR": os.path.join(cache, "inductor"),
         "VLLM_CACHE_ROOT": os.path.join(cache, "vllm"),
-        **os.environ,
     }
 
 
