@@ -206,8 +206,7 @@ def evaluated(out, arm):
 
 def saved_iteration(out_dir):
     """The iteration of a run's checkpoint (0: none)."""
-    path = os.path.join(checkpoint.checkpoint_path(out_dir), "meta.json")
-    return json.load(open(path))["iteration"] if os.path.exists(path) else 0
+    return (checkpoint.saved(out_dir) or (None, 0))[1]
 
 
 def compile_caches(run_dir):
@@ -248,7 +247,7 @@ def checkpoints(out, arms):
     for arm in arms:
         run_dir = os.path.join(out, arm)
         try:
-            ids[arm] = (os.stat(checkpoint.checkpoint_path(run_dir)).st_ino, checkpoint.saved(run_dir))
+            ids[arm] = (os.stat(checkpoint.checkpoint_path(run_dir)).st_ino, saved_iteration(run_dir))
         except OSError:
             ids[arm] = None
     return ids
