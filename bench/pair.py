@@ -155,13 +155,14 @@ def replicate(args, extra):
     print(f"arms {', '.join(procs) or '(done before)'}: {minutes:.1f} min each, logs {out}/ARM.log")
     failed = wait_for_arms(out, procs, args.arms, refresh=bool(args.lora_rank))
     at.update({arm: saved_iteration(os.path.join(out, arm)) for arm in args.arms})  # done() reads it
-    kept = carry(out, args.arms, with_ckpt=bool(args.lora_rank))  # also what a failed arm had saved
+    if not carry(out, args.arms, with_ckpt=bool(args.lora_rank)):  # also what a failed arm had saved
+        print(f"warning: bench.pair: packing {out}/carry.tgz after the stop failed; the one there is older")
     if failed:
         sys.exit(f"error: bench.pair: {', '.join(failed)} failed: see {out}/{failed[0]}.log")
     if not all(map(done, args.arms)):
         print(
             f"bench.pair: the arms are at iterations {at} of {target}: run the same command again to go on "
-            f"(on another machine: unpack {kept} into {out} first)"
+            f"(on another machine: unpack {out}/carry.tgz into {out} first)"
         )
         return
     # 4b. the evals the arms' runs did not make (a --time_limit stop saves, not evaluates): their model/
