@@ -205,44 +205,57 @@ def random_policy_success(cfg, envs):
 class RandomBaseline(threading.Thread):
     """The random policy's success on the eval episodes (rank 0), played once a run: the checkpoint
     keeps it under the eval's key (ALFWorld's two splits take minutes). The play runs in this thread
-    while train.py builds the policy; result() waits for it."""
+    beside the policy's build and the first iterations (it uses only the eval envs' CPU workers);
+    result() waits for it, before an eval (the same workers) or a save (the checkpoint keeps it)."""
 
     def __init__(self, cfg, meta, eval_envs, rank):
-        super().__init__(daemon=True)  # daemon: a build that fails does not wait for the play to end
-        self.cfg, self.eval_envs, self.error, self.seconds = cfg, eval_envs, None, 0.0
+        super().__init__(daemon=True)  # daemon: a run that fails does not wait for the play to end
+        self.cfg, self.eval_envs, self.error, self.seconds, self.shown = cfg, eval_envs, None, None, False
         self.key = random_policy_key(cfg) if rank == 0 else None
         self.kept = (meta or {}).get("random_policy", {}).get(self.key)
         self.rates = self.kept
         if rank == 0 and not self.kept:
+            self.t0 = time.perf_counter()
             self.start()
 
     def run(self):
-        t0 = time.perf_counter()
         try:
             self.rates = random_policy_success(self.cfg, self.eval_envs)
         except BaseException as e:  # raised again in main's thread, by result()
             self.error = e
-        self.seconds = time.perf_counter() - t0
+        self.seconds = time.perf_counter() - self.t0
 
-    def result(self, print0, t_set_up):
-        """Waits for the play -> (key, rates). Prints them, then the set-up's seconds (t_set_up: when
-        main started, built the envs, built the policy)."""
+    def set_up(self, print0, t_set_up):
+        """Prints the set-up's seconds (t_set_up: when main started, built the envs, built the policy)
+        and the random policy's success if it is known; training does not wait for it."""
+        parts = [f"{k} {v:.1f}" for k, v in zip(("checks and envs", "model and engine"), np.diff(t_set_up))]
+        going = "kept in the checkpoint" if self.kept else "played beside them and the first iterations"
+        if self.seconds is not None:
+            going = f"played in {self.seconds:.1f} beside them"
+        print0(f"set-up (s): {', '.join(parts)}; random policy {going}")
+        if self.kept or self.seconds is not None:
+            self.result(print0)
+
+    def result(self, print0):
+        """Waits for the play -> (key, rates). Prints them the first time."""
         if self.ident is not None:
             self.join()
         if self.error is not None:
             raise self.error
-        print0(
-            f"random policy on the eval episodes ({eval_what(self.cfg).split(',')[0]}): success "
-            f"{self.rates and success_text(self.rates)}"
-            f"{' (as played before the checkpoint)' * bool(self.kept)}"
-        )
-        waited = time.perf_counter() - t_set_up[-1]
-        parts = [f"{k} {v:.1f}" for k, v in zip(("checks and envs", "model and engine"), np.diff(t_set_up))]
-        print0(
-            f"set-up (s): {', '.join(parts)}, random policy {self.seconds:.1f} beside them "
-            f"({waited:.1f} waited for it)"
-        )
+        if not self.shown:
+            self.shown = True
+            print0(
+                f"random policy on the eval episodes ({eval_what(self.cfg).split(',')[0]}): success "
+                f"{self.rates and success_text(self.rates)}"
+                f"{' (as played before the checkpoint)' * bool(self.kept)}"
+                f"{'' if self.seconds is None else f' (played in {self.seconds:.1f} s)'}"
+            )
         return self.key, self.rates
+
+    def envs(self, print0):
+        """The eval envs, once the play on them has ended."""
+        self.result(print0)
+        return self.eval_envs
 
 
 def paired(a, b):

@@ -205,14 +205,14 @@ def main(argv=None):
     t_set_up.append(time.perf_counter())
     if not meta or meta["iteration"] < cfg.iterations:  # env workers: the first games load beside the build
         envs.prefetch(rank_seeds(cfg, envs, rank, (meta["iteration"] if meta else 0) + 1))
-    random_play = RandomBaseline(cfg, meta, eval_envs, rank)  # played beside the policy's build
+    random_play = RandomBaseline(cfg, meta, eval_envs, rank)  # played beside the build and training
     model, tok, ref, engine, gen_model, packed = build_policy(cfg, device, world, print0)
     opt, sched = make_optimizer(cfg, model, device)
     critic = make_critic(cfg, model, device)
     extra = {"critic": critic} if critic else None
     start = resume(cfg, meta, model, opt, sched, rank, extra, engine, print0) if meta else 0
     t_set_up.append(time.perf_counter())
-    played, baseline = random_play.result(print0, t_set_up)
+    random_play.set_up(print0, t_set_up)
     log = open_metrics_log(cfg.out_dir, kept, start) if rank == 0 else None
     wandb = records.open_wandb(cfg) if cfg.wandb and rank == 0 else None
     episode_log = records.EpisodeLog(cfg.out_dir, records.LOG_MB, start) if rank == 0 else None
@@ -250,7 +250,7 @@ def main(argv=None):
         evaluate_now = it % cfg.eval_every == 0 or it == cfg.iterations  # not at a --time_limit stop
         checkpoint = evaluate_now or out_of_time or (cfg.save_every and it % cfg.save_every == 0)
         if evaluate_now and rank == 0:
-            eval_rates, eval_it = run_eval(cfg, tok, eval_envs, prompt, engine, it, episode_log), it
+            eval_rates, eval_it = run_eval(cfg, tok, random_play, prompt, engine, it, episode_log), it
             if wandb and shown:
                 wandb.log({"episodes": records.wandb_table(wandb, shown)}, step=it)
         # 6. log: the metrics line first, then the checkpoint (ckpt/ and model/ never lead the log)
@@ -259,7 +259,7 @@ def main(argv=None):
         if rank == 0:
             records.append_lines(log, json.dumps(m) + "\n")
         if checkpoint:
-            notes = {"metrics_line": json.dumps(m), "random_policy": {played: baseline}}
+            notes = {"metrics_line": json.dumps(m), "random_policy": dict([random_play.result(print0)])}
             save(cfg.out_dir, it, model, tok, opt, sched, rank, config, gen_model, extra, notes)
             saved = it
         if rank == 0:
@@ -272,12 +272,12 @@ def main(argv=None):
     envs.close()
     if rank == 0:
         if not eval_rates and saved >= cfg.iterations:  # resumed at the end: nothing trained, still report
-            eval_rates = evaluate(tok, cfg, eval_envs, prompt, engine, iteration=start)
+            eval_rates = evaluate(tok, cfg, random_play.envs(print), prompt, engine, iteration=start)
         eval_envs and eval_envs.close()
         print(f"done in {time.perf_counter() - t_run:.0f}s; model saved to {cfg.out_dir}/model")
         if eval_rates:
-            what = f"({eval_what(cfg)}; random policy {success_text(baseline)}) at iteration {eval_it}"
-            print(f"held-out success {success_text(eval_rates)} {what}")
+            what = f"({eval_what(cfg)}; random policy {success_text(random_play.result(print0)[1])})"
+            print(f"held-out success {success_text(eval_rates)} {what} at iteration {eval_it}")
     finish_dist(engine)
     return headline(eval_rates) if rank == 0 and eval_rates else None
 
@@ -385,8 +385,10 @@ def metrics(cfg, it, batch, sched, stats, timing, timer, eval_rates, t_run):
     )
 
 
-def run_eval(cfg, tok, eval_envs, prompt, engine, it, episode_log):
-    """Section 5: every eval set (evaluate.py), a few episodes of each recorded -> the rates."""
+def run_eval(cfg, tok, random_play, prompt, engine, it, episode_log):
+    """Section 5: every eval set (evaluate.py), a few episodes of each recorded -> the rates. On the
+    eval envs once the random policy's play on them has ended (random_play.envs())."""
+    eval_envs = random_play.envs(print)
 
     def record(name, samples):
         episode_log.write(records.episodes(samples, tok, it, name, max_episodes=8 * cfg.log_groups))

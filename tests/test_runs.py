@@ -328,26 +328,50 @@ def test_resume_takes_the_random_policy_from_the_checkpoint_unless_the_eval_chan
     assert calls == [1] and "as played before" not in capsys.readouterr().out
 
 
-def test_the_random_policy_plays_beside_the_policys_build_and_its_error_reaches_main(tmp_path, monkeypatch):
-    """The random play runs in a thread while main builds the policy (ALFWorld's two splits take about a
-    minute, as long as the engine's start): here the build waits for the play to begin, which it would
-    never see if the play came after it. An error in the play is raised in main, not lost in the thread."""
-    started, real_build, real_play = threading.Event(), train.build_policy, evaluate.random_policy_success
+def test_the_random_policy_plays_beside_the_build_and_training_and_ends_before_an_eval_or_a_save(
+    tmp_path, monkeypatch
+):
+    """The random play runs in a thread (ALFWorld's two splits take minutes): it starts before the
+    policy's build and training does not wait for it: here the play waits for iteration 1's rollout,
+    which it would never see if main waited for it first. An eval (the same env workers) and a save
+    (the checkpoint keeps its rates) wait for it to end. An error in the play is raised in main."""
+    started, rolled, ended = threading.Event(), threading.Event(), threading.Event()
+    real_build, real_play, real_collect = train.build_policy, evaluate.random_policy_success, train.collect
+    real_eval, real_save = train.evaluate, train.save
 
     def play(*a):
         started.set()
-        return real_play(*a)
+        assert rolled.wait(60), "training waited for the random policy's play"
+        time.sleep(0.5)  # still playing when iteration 1 ends
+        rates = real_play(*a)
+        ended.set()
+        return rates
 
     def build(*a):
         assert started.wait(60), "the random policy did not start before the policy's build ended"
         return real_build(*a)
 
+    def after_play(real):
+        def call(*a, **k):
+            assert ended.is_set(), f"{real.__name__} did not wait for the random policy's play"
+            return real(*a, **k)
+
+        return call
+
     monkeypatch.setattr(evaluate, "random_policy_success", play)
     monkeypatch.setattr(train, "build_policy", build)
-    train.main([*ARGS, "--iterations", "1", "--out_dir", str(tmp_path / "a")])
+    monkeypatch.setattr(train, "collect", lambda *a: rolled.set() or real_collect(*a))
+    monkeypatch.setattr(train, "evaluate", after_play(real_eval))
+    monkeypatch.setattr(train, "save", after_play(real_save))
+    for name, when in ("a", ["--eval_every", "1"]), ("b", ["--eval_every", "9", "--save_every", "1"]):
+        for event in (started, rolled, ended):  # a: an eval at iteration 1; b: a save, no eval
+            event.clear()
+        train.main([*ARGS, "--iterations", "2", *when, "--out_dir", str(tmp_path / name)])
+        (rates,) = json.load(open(tmp_path / name / "ckpt" / "meta.json"))["random_policy"].values()
+        assert set(rates) == {"held-out"} and 0 <= rates["held-out"] <= 1
     monkeypatch.setattr(evaluate, "random_policy_success", lambda *a: 1 / 0)
     with pytest.raises(ZeroDivisionError):
-        train.main([*ARGS, "--iterations", "1", "--out_dir", str(tmp_path / "b")])
+        train.main([*ARGS, "--iterations", "1", "--out_dir", str(tmp_path / "c")])
 
 
 # ---- bench.sweep ----
