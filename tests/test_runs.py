@@ -332,17 +332,21 @@ def test_the_random_policy_plays_beside_the_build_and_training_and_ends_before_a
     tmp_path, monkeypatch
 ):
     """The random play runs in a thread (ALFWorld's two splits take minutes): it starts before the
-    policy's build and training does not wait for it: here the play waits for iteration 1's rollout,
+    policy's build and training does not wait for it: here the play waits for iteration 1's update,
     which it would never see if main waited for it first. An eval (the same env workers) and a save
     (the checkpoint keeps its rates) wait for it to end. An error in the play is raised in main."""
-    started, rolled, ended = threading.Event(), threading.Event(), threading.Event()
-    real_build, real_play, real_collect = train.build_policy, evaluate.random_policy_success, train.collect
+    started, updated, ended = threading.Event(), threading.Event(), threading.Event()
+    real_build, real_play, real_update = (
+        train.build_policy,
+        evaluate.random_policy_success,
+        train.update_policy,
+    )
     real_eval, real_save = train.evaluate, train.save
 
     def play(*a):
         started.set()
-        assert rolled.wait(60), "training waited for the random policy's play"
-        time.sleep(0.5)  # still playing when iteration 1 ends
+        assert updated.wait(60), "training waited for the random policy's play"
+        time.sleep(0.5)  # still playing when iteration 1 reaches its eval or save (microseconds on)
         rates = real_play(*a)
         ended.set()
         return rates
@@ -350,6 +354,11 @@ def test_the_random_policy_plays_beside_the_build_and_training_and_ends_before_a
     def build(*a):
         assert started.wait(60), "the random policy did not start before the policy's build ended"
         return real_build(*a)
+
+    def update(*a):
+        out = real_update(*a)
+        updated.set()
+        return out
 
     def after_play(real):
         def call(*a, **k):
@@ -360,11 +369,11 @@ def test_the_random_policy_plays_beside_the_build_and_training_and_ends_before_a
 
     monkeypatch.setattr(evaluate, "random_policy_success", play)
     monkeypatch.setattr(train, "build_policy", build)
-    monkeypatch.setattr(train, "collect", lambda *a: rolled.set() or real_collect(*a))
+    monkeypatch.setattr(train, "update_policy", update)
     monkeypatch.setattr(train, "evaluate", after_play(real_eval))
     monkeypatch.setattr(train, "save", after_play(real_save))
     for name, when in ("a", ["--eval_every", "1"]), ("b", ["--eval_every", "9", "--save_every", "1"]):
-        for event in (started, rolled, ended):  # a: an eval at iteration 1; b: a save, no eval
+        for event in (started, updated, ended):  # a: an eval at iteration 1; b: a save, no eval
             event.clear()
         train.main([*ARGS, "--iterations", "2", *when, "--out_dir", str(tmp_path / name)])
         (rates,) = json.load(open(tmp_path / name / "ckpt" / "meta.json"))["random_policy"].values()
