@@ -227,13 +227,17 @@ class RandomBaseline(threading.Thread):
 
     def set_up(self, print0, t_set_up):
         """Prints the set-up's seconds (t_set_up: when main started, built the envs, built the policy)
-        and the random policy's success if it is known; training does not wait for it."""
+        and how the random play stands. Training goes on beside it where the envs run in worker
+        processes; in-process envs (--env_workers 0) wait for it here, as their libraries' state may
+        be shared with the play's (TextWorld's planner is not thread-safe)."""
+        if not self.cfg.env_workers:
+            self.result(print0)
         parts = [f"{k} {v:.1f}" for k, v in zip(("checks and envs", "model and engine"), np.diff(t_set_up))]
-        going = "kept in the checkpoint" if self.kept else "played beside them and the first iterations"
+        going = "kept in the checkpoint" if self.kept else "playing on beside the first iterations"
         if self.seconds is not None:
             going = f"played in {self.seconds:.1f} beside them"
         print0(f"set-up (s): {', '.join(parts)}; random policy {going}")
-        if self.kept or self.seconds is not None:
+        if self.kept:
             self.result(print0)
 
     def result(self, print0):

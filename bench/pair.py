@@ -16,7 +16,8 @@ A replicate (each stage is skipped where its output is already there, so a rerun
               OUT/grpo/ (each checkpointed where it stops: ~1.6 GB for SmolLM2 with its AdamW state)
   4b. evals   a time limit's stop saves without an eval: the arms' model/ exports on both splits, at
               once (train.py --eval_only 1) -> OUT/gigpo_eval/, OUT/grpo_eval/
-  5. compare  evaluate.compare for clone -> gigpo, clone -> grpo, gigpo -> grpo -> OUT/pair.md
+  5. compare  evaluate.compare for clone -> gigpo, clone -> grpo, gigpo -> grpo, and the arms' training
+              success in blocks of BLOCK iterations -> OUT/pair.md
 What a lost host costs: the stage it was in. Small files to copy off as they appear: bc.jsonl (a
 few MB), clone_eval/eval.json, the arms' metrics.jsonl (one line an iteration) and ARM_eval/. In a
 long pair (below) the arms also save every SAVE_EVERY iterations and OUT/carry.tgz is rewritten
@@ -62,6 +63,7 @@ ARM_FLAGS = (
 ).split()
 
 
+BLOCK = 15  # iterations a block of the training-success trajectory in OUT/pair.md (75 = 5 blocks)
 SAVE_EVERY = 3  # a long pair's arms checkpoint every 3 iterations (~4 min on an H100), each in the carry
 POLL = 20  # seconds between looks at the arms' checkpoints
 
@@ -182,7 +184,9 @@ def replicate(args, extra):
     evals.update({arm: arm_eval(out, arm) for arm in args.arms})
     # 5. paired, game by game
     pairs = [("clone", a) for a in args.arms] + [tuple(args.arms)] * (len(args.arms) == 2)
-    text = "\n\n".join(evaluate.compare(evals[a], evals[b]) for a, b in pairs)
+    text = "\n\n".join(
+        [*(evaluate.compare(evals[a], evals[b]) for a, b in pairs), trajectory(out, args.arms)]
+    )
     open(os.path.join(out, "pair.md"), "w").write(text + "\n")
     carry(out, args.arms, with_ckpt=bool(args.lora_rank))
     print(text)
@@ -286,6 +290,27 @@ def carry(out, arms, with_ckpt):
     return path
 
 
+def trajectory(out, arms, block=BLOCK):
+    """The arms' training success (episodes won at T = 1, per iteration, from ARM/metrics.jsonl) as
+    means over blocks of iterations: how a run moved between its final evals (a long pair's stops
+    are saved, not evaluated). Descriptive: no test is run on it."""
+    success = {}
+    for arm in arms:
+        path = os.path.join(out, arm, "metrics.jsonl")
+        lines = open(path).read().splitlines() if os.path.exists(path) else []
+        success[arm] = [json.loads(line)["success"] for line in lines if line.strip()]
+    n = max(map(len, success.values()))
+    if not n:
+        return ""
+    spans = [(i + 1, min(i + block, n)) for i in range(0, n, block)]
+    rows = [
+        [arm, *(f"{sum(s[a - 1 : b]) / len(s[a - 1 : b]):.3f}" if len(s) >= b else "-" for a, b in spans)]
+        for arm, s in success.items()
+    ]
+    head = ["training success (T = 1)", *(f"iterations {a}-{b}" for a, b in spans)]
+    return "\n".join(table(head, rows))
+
+
 def rates(path):
     ev = evaluate.load_eval(path)
     return ", ".join(f"{k} {v:.3f}" for k, v in ev["rates"].items() if "/" not in k)
@@ -342,7 +367,8 @@ def report(dirs, arms=ARMS):
         "Pooled game by game (B vs A: games only B won / only A won, exact p):",
     ]
     lines += table(["split", "games", *(f"{y} vs {x}" for x, y in pairs)], pooled)
-    return "\n".join(lines + [""] + across)
+    moved = [f"{d}:\n{trajectory(d, arms)}" for d in dirs if trajectory(d, arms)]
+    return "\n".join(lines + [""] + across + [""] + moved)
 
 
 def main(argv=None):

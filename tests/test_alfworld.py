@@ -564,6 +564,7 @@ def test_pair_plays_a_replicate_end_to_end_and_pools_replicates(data_dir, tiny_m
     assert len({r["game"] for r in rows}) == 2 and not list(out.glob("bc.jsonl.*"))
     md = (out / "pair.md").read_text()
     assert md.count("| valid_seen |") == 3 and md.count("| valid_unseen |") == 3  # 3 pairs x 2 splits
+    assert "| training success (T = 1) | iterations 1-1 |" in md  # and the arms' trajectory
     for arm in ("gigpo", "grpo"):
         ev = json.load(open(out / arm / "eval.json"))
         assert ev["iteration"] == 1 and len(ev["games"]["valid_seen"]) == 2
@@ -590,7 +591,15 @@ def test_pair_report_pools_games_and_replicates(tmp_path):
             ev = {"games": {"valid_seen": games}, "rates": {"valid_seen": sum(games) / 4}, "iteration": 7}
             ev["types"] = {"valid_seen": ["pick", "pick", "cool", "cool"]}
             json.dump(ev, open(tmp_path / rep / run / "eval.json", "w"))
+    for run, success in ("gigpo", [0.1, 0.2, 0.3, 0.5]), ("grpo", [0.1, 0.1, 0.1]):  # r1's training logs
+        lines = [json.dumps({"iteration": i + 1, "success": x}) + "\n" for i, x in enumerate(success)]
+        (tmp_path / "r1" / run / "metrics.jsonl").write_text("".join(lines))
+    assert pair.trajectory(str(tmp_path / "r1"), pair.ARMS, block=2).splitlines()[2:] == [
+        "| gigpo | 0.150 | 0.400 |",  # iterations 1-2, 3-4
+        "| grpo | 0.100 | - |",  # a block it has not finished
+    ]
     text = pair.main(["--report", str(tmp_path / "r1"), str(tmp_path / "r2")])
+    assert f"{tmp_path / 'r1'}:\n| training success (T = 1) | iterations 1-4 |" in text  # r2 has no logs
     assert "| valid_seen | 7/7 | 0.000 | 0.500 | 0.250 | +0.500 | +0.250 |" in text
     assert "| valid_seen | 7/7 | 0.250 | 0.750 | 0.250 | +0.500 | +0.000 |" in text
     # pooled: gigpo alone won 4 games against the clone (p = 2/16); against gigpo, grpo alone won 1 of 5

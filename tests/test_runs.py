@@ -332,9 +332,10 @@ def test_the_random_policy_plays_beside_the_build_and_training_and_ends_before_a
     tmp_path, monkeypatch
 ):
     """The random play runs in a thread (ALFWorld's two splits take minutes): it starts before the
-    policy's build and training does not wait for it: here the play waits for iteration 1's update,
-    which it would never see if main waited for it first. An eval (the same env workers) and a save
-    (the checkpoint keeps its rates) wait for it to end. An error in the play is raised in main."""
+    policy's build and training (its envs in worker processes) does not wait for it: here the play
+    waits for iteration 1's update, which it would never see if main waited for it first. An eval
+    (the same env workers) and a save (the checkpoint keeps its rates) wait for it to end; with
+    in-process envs, the first rollout does. An error in the play is raised in main."""
     started, updated, ended = threading.Event(), threading.Event(), threading.Event()
     real_build, real_play, real_update = (
         train.build_policy,
@@ -375,9 +376,16 @@ def test_the_random_policy_plays_beside_the_build_and_training_and_ends_before_a
     for name, when in ("a", ["--eval_every", "1"]), ("b", ["--eval_every", "9", "--save_every", "1"]):
         for event in (started, updated, ended):  # a: an eval at iteration 1; b: a save, no eval
             event.clear()
-        train.main([*ARGS, "--iterations", "2", *when, "--out_dir", str(tmp_path / name)])
+        flags = [*ARGS, "--iterations", "2", *when, "--env_workers", "2", "--out_dir", str(tmp_path / name)]
+        train.main(flags)
         (rates,) = json.load(open(tmp_path / name / "ckpt" / "meta.json"))["random_policy"].values()
         assert set(rates) == {"held-out"} and 0 <= rates["held-out"] <= 1
+    # in-process envs (--env_workers 0): training waits for the play (a library's state may be shared)
+    slow_play = lambda *a: (time.sleep(1), real_play(*a), ended.set())[1]  # noqa: E731 (outlasts the build)
+    monkeypatch.setattr(evaluate, "random_policy_success", slow_play)
+    monkeypatch.setattr(train, "collect", after_play(train.collect))
+    ended.clear()
+    train.main([*ARGS, "--iterations", "1", "--env_workers", "0", "--out_dir", str(tmp_path / "in_process")])
     monkeypatch.setattr(evaluate, "random_policy_success", lambda *a: 1 / 0)
     with pytest.raises(ZeroDivisionError):
         train.main([*ARGS, "--iterations", "1", "--out_dir", str(tmp_path / "c")])
