@@ -205,8 +205,8 @@ def random_policy_success(cfg, envs):
 class RandomBaseline(threading.Thread):
     """The random policy's success on the eval episodes (rank 0), played once a run: the checkpoint
     keeps it under the eval's key (ALFWorld's two splits take minutes). The play runs in this thread
-    beside the policy's build and the first iterations (it uses only the eval envs' CPU workers);
-    result() waits for it, before an eval (the same workers) or a save (the checkpoint keeps it)."""
+    beside the policy's build and, with envs in worker processes, the first iterations (see set_up);
+    result() waits for it, before an eval (the same envs) or a save (the checkpoint keeps it)."""
 
     def __init__(self, cfg, meta, eval_envs, rank):
         super().__init__(daemon=True)  # daemon: a run that fails does not wait for the play to end

@@ -367,7 +367,7 @@ def report(dirs, arms=ARMS):
         "Pooled game by game (B vs A: games only B won / only A won, exact p):",
     ]
     lines += table(["split", "games", *(f"{y} vs {x}" for x, y in pairs)], pooled)
-    moved = [f"{d}:\n{trajectory(d, arms)}" for d in dirs if trajectory(d, arms)]
+    moved = [f"{d}:\n{t}" for d in dirs if (t := trajectory(d, arms))]
     return "\n".join(lines + [""] + across + [""] + moved)
 
 
