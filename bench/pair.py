@@ -50,6 +50,7 @@ import time
 
 import checkpoint
 import evaluate
+import plots
 import train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # stages run from here
@@ -296,9 +297,8 @@ def trajectory(out, arms, block=BLOCK):
     are saved, not evaluated). Descriptive: no test is run on it."""
     success = {}
     for arm in arms:
-        path = os.path.join(out, arm, "metrics.jsonl")
-        lines = open(path).read().splitlines() if os.path.exists(path) else []
-        success[arm] = [json.loads(line)["success"] for line in lines if line.strip()]
+        path = os.path.join(out, arm, "metrics.jsonl")  # a line a crash cut short is skipped
+        success[arm] = [m["success"] for m in plots.read_jsonl(path)] if os.path.exists(path) else []
     n = max(map(len, success.values()))
     if not n:
         return ""
