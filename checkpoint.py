@@ -63,7 +63,7 @@ RESUME_FREE = {
     "overlap",
     "early_logprobs",
 }
-RUN_FILES = ("ckpt", "ckpt.old", "model", "metrics.jsonl")  # what makes an out_dir hold a run
+RUN_FILES = ("ckpt", "ckpt.old", "model", "metrics.jsonl", "eval.json")  # what makes an out_dir hold a run
 _LOCKS = {}  # out_dir (real path) -> its locked .lock file, open until the process ends
 
 
@@ -95,7 +95,7 @@ def claim_out_dir(cfg):
     return None
 
 
-def lock(out_dir):
+def lock(out_dir, flag="--out_dir"):
     """One run per out_dir: an exclusive flock on out_dir/.lock for the life of this process. The
     file names the holder (pid, host) for the message a second run stops with. A kill drops the
     lock with the process, so a stale file blocks nothing; in one process (tests that simulate a
@@ -109,7 +109,7 @@ def lock(out_dir):
         os.makedirs(out_dir, exist_ok=True)
         f = open(os.path.join(out_dir, ".lock"), "a+")
     except OSError as e:  # --eval_only: check_config does not try out_dir
-        fail(f"--out_dir {out_dir}: cannot write there ({e.strerror or first_line(e)})")
+        fail(f"{flag} {out_dir}: cannot write there ({e.strerror or first_line(e)})")
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -117,8 +117,7 @@ def lock(out_dir):
         holder = f.read().strip() or "another process"
         f.close()
         fail(
-            f"--out_dir {out_dir} is in use by another run ({holder}); wait for it to end or use another "
-            f"--out_dir"
+            f"{flag} {out_dir} is in use by another run ({holder}); wait for it to end or use another {flag}"
         )
     except OSError as e:  # a file system without locks: run unguarded, and say so
         print(f"note: cannot lock {out_dir}/.lock ({e.strerror}): nothing stops a second run writing there")
@@ -127,6 +126,24 @@ def lock(out_dir):
     f.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
     f.flush()
     _LOCKS[key] = f
+
+
+def holder(out_dir):
+    """Who holds out_dir's lock (the line lock() wrote: pid and host), or None where no process does."""
+    import fcntl
+
+    try:
+        f = open(os.path.join(out_dir, ".lock"))
+    except OSError:
+        return None
+    with f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)  # released as f closes
+        except BlockingIOError:
+            return f.read().strip() or "another process"
+        except OSError:  # a file system without locks
+            return None
+    return None
 
 
 def _swap_in(tmp, final):

@@ -83,13 +83,14 @@ def evaluate(tok, cfg, envs, prompt, engine, on_samples=None, iteration=None):
     """Episodes at eval_temperature (0 = greedy) on the eval sets -> {set: success}, in eval_plan's
     order, plus {"set/type": success} per task type (info["task_type"]) where there is one. Prints a
     line per named set: its success, per task type, and the share of invalid-action steps. Writes
-    out_dir/eval.json, again as each set ends (a run cut short keeps the sets done): the iteration,
-    these rates, each set's games won (1) or not (0) in order and (named sets with task types) each
-    game's type, for a game-by-game comparison of two evals (`python -m evaluate A B`), and the env,
-    its --env_args and each set's seeds (compare refuses two evals of other games). A game a dead
+    out_dir/eval.json, again as each set ends (a run cut short keeps the sets done, "complete" false
+    until the last): the iteration, these rates, each set's games won (1) or not (0) in order and
+    (named sets with task types) each game's type, for a game-by-game comparison of two evals
+    (`python -m evaluate A B`), and the env, its --env_args and each set's seeds (compare refuses
+    two evals of other games, or one cut short). A game a dead
     env worker cut short is no result: null in eval.json, left out of every rate (and said so)."""
-    rates, games, types, played = {}, {}, {}, {}
-    for name, (kwargs, seeds) in eval_plan(cfg).items():
+    rates, games, types, played, plan = {}, {}, {}, {}, eval_plan(cfg)
+    for name, (kwargs, seeds) in plan.items():
         played[name] = list(seeds)
         set_envs = eval_envs_for(cfg, envs, kwargs, seeds)
         memories = [make_memory(cfg.memory, cfg.memory_k or None) for _ in range(set_envs.n)]
@@ -146,6 +147,7 @@ def evaluate(tok, cfg, envs, prompt, engine, on_samples=None, iteration=None):
                     "env": cfg.env,
                     "env_args": cfg.env_args,
                     "seeds": played,
+                    "complete": len(games) == len(plan),  # False: cut short before its last set
                 }
             ),
         )
@@ -288,6 +290,16 @@ def load_eval(path):
         sys.exit(f"error: {path}: {str(e).splitlines()[0][:200]}")
 
 
+def complete(path):
+    """Whether an eval.json (or the out dir that holds one) is there with every set of its plan
+    played: an eval cut short keeps the sets it finished, marked "complete": false."""
+    path = os.path.join(path, "eval.json") if os.path.isdir(path) else path
+    try:
+        return json.load(open(path)).get("complete", True) is not False  # older files: whole
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def compare(path_a, path_b):
     """The eval.json of two runs (or their out dirs) -> a markdown table, one row per set both played
     (and per task type in it, where both evals list the same games' types). A game that either eval
@@ -296,6 +308,9 @@ def compare(path_a, path_b):
     seeds were written is taken as it is). Other --env_args are shown in the first line, not refused:
     a reward term (progress=0) or an anchor (pool_bumps=1) changes the run, not the games."""
     a, b = (load_eval(p) for p in (path_a, path_b))
+    for path, ev in ((path_a, a), (path_b, b)):
+        if ev.get("complete") is False:  # its missing sets would drop out of the table unseen
+            raise ValueError(f"{path}: an eval cut short (only {', '.join(ev['games'])}): evaluate it again")
     if a.get("env", b.get("env")) != b.get("env", a.get("env")):
         raise ValueError(f"the evals are of {a['env']} and {b['env']}: not the same games")
     for name in set(a.get("seeds", {})) & set(b.get("seeds", {})):

@@ -457,6 +457,7 @@ def update(
             if critic:
                 critic.step(GRAD_CLIP, world)
             n_steps += 1
+    lr = sched.get_last_lr()[0]  # this update's, logged; the step sets the next iteration's
     sched.step()
     if critic:
         critic.sched.step()
@@ -467,6 +468,7 @@ def update(
     return {k: float(v) / n_steps for k, v in zip(stats, vals)} | {
         "grad_norm": float(gn) / n_steps,
         "optimizer_steps": n_steps,
+        "lr": lr,
     }
 
 

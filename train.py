@@ -65,7 +65,15 @@ from fsdp import (
     setup_dist,
 )
 from memory import make_memory
-from policy import build_engine, build_policy, load_model, make_critic, make_optimizer, stretch_note
+from policy import (
+    build_engine,
+    build_policy,
+    load_model,
+    make_critic,
+    make_optimizer,
+    schedule_at,
+    stretch_note,
+)
 from ppo import logprobs, state_values, update
 from prompts import prompt_module
 from rollout import rollout
@@ -77,7 +85,7 @@ class Config:
     # env, memory, groups
     env: str = "treasure"  # env name, see envs/__init__.py
     env_args: str = ""  # env constructor arguments, e.g. "size=6,walls=3,progress=0" (treasure)
-    memory: str = "none"  # none | window | full | visited (memory.py); the game is Markov
+    memory: str = "none"  # none | window | full | visited | boxes (Sokoban) (memory.py); the game is Markov
     memory_k: int = 0  # window length / positions shown; 0 = the memory's default (window: 2)
     n_groups: int = 32  # episode groups per iteration (paper: 16)
     group_size: int = 8  # envs per group, all started from the same seed (paper: 8)
@@ -295,6 +303,8 @@ def resume(cfg, meta, model, opt, sched, rank, extra, engine, print0):
     """--resume 1: the checkpoint's weights, optimizer and RNG in, its weights pushed to the engine ->
     the iteration it holds. A changed --iterations stretches the cosine (one line says by how much)."""
     start = load_checkpoint(checkpoint_path(cfg.out_dir), model, opt, sched, rank, meta, extra)
+    for s in [sched] + ([extra["critic"].sched] if extra else []):  # the lr of this --iterations' schedule
+        schedule_at(s, start)
     if start:
         engine.push_weights(full_parameters(model))
         print0(f"resumed from {checkpoint_path(cfg.out_dir)} at iteration {start}")
@@ -363,7 +373,6 @@ def metrics(cfg, it, batch, sched, stats, timing, timer, eval_rates, t_run):
             "iteration": it,
             **summed,
             "tokens": int(tokens),
-            "lr": sched.get_last_lr()[0],
             **stats,
             "time_gen": timing["gen"],
             "time_env": timing["env"],

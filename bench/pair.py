@@ -6,7 +6,8 @@ one GPU, both splits evaluated, each paired game by game against the clone; and 
     python -m bench.pair --model SMOLLM2 --out /tmp/pair --minutes 25 --lora_rank 8 --iterations 75
                                                     # a long LoRA pair: the same command on each machine
 
-A replicate (each stage is skipped where its output is already there, so a rerun goes on):
+A replicate (each stage is skipped where its output is whole, so a rerun goes on; one bench.pair per
+OUT at a time, and an arm's folder is never moved while a process runs in it):
   1. collect  the expert on train games 0..--games-1 (bench.bc --collect, over --procs processes)
               -> OUT/bc.jsonl
   2. clone    bench.bc --train from --model, --epochs -> OUT/clone/
@@ -18,7 +19,8 @@ A replicate (each stage is skipped where its output is already there, so a rerun
               once (train.py --eval_only 1) -> OUT/gigpo_eval/, OUT/grpo_eval/
   5. compare  evaluate.compare for clone -> gigpo, clone -> grpo, gigpo -> grpo, and the arms' training
               success in blocks of BLOCK iterations -> OUT/pair.md
-What a lost host costs: the stage it was in. Small files to copy off as they appear: bc.jsonl (a
+What a lost host costs: the stage it was in (a clone is whole once its tokenizer, written last, is
+there; an eval once its eval.json says "complete"). Small files to copy off as they appear: bc.jsonl (a
 few MB), clone_eval/eval.json, the arms' metrics.jsonl (one line an iteration) and ARM_eval/. In a
 long pair (below) the arms also save every SAVE_EVERY iterations and OUT/carry.tgz is rewritten
 after each save, so there a lost host costs the iterations since the last one.
@@ -41,6 +43,7 @@ across replicates (one gain difference per replicate); the same by task type, ga
 """
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -51,6 +54,7 @@ import time
 import checkpoint
 import evaluate
 import plots
+import records
 import train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # stages run from here
@@ -82,7 +86,7 @@ def run(cmd, log, wait=True, env=None):
 
 def replicate(args, extra):
     out = args.out
-    os.makedirs(out, exist_ok=True)
+    checkpoint.lock(out, flag="--out")  # one bench.pair per OUT (its arms lock their own folders)
     t0, log = time.time(), os.path.join(out, "pair.log")
     data = os.path.join(out, "bc.jsonl")
     if not os.path.exists(data):  # 1. the expert's steps, games split evenly over the processes
@@ -109,7 +113,8 @@ def replicate(args, extra):
         print(f"collect: {n} expert steps of {args.games} games, {time.time() - t0:.0f} s")
     clone, lora = os.path.join(out, "clone"), ["--lora_rank", str(args.lora_rank)] * bool(args.lora_rank)
     adapter = os.path.join(clone, "adapter")
-    if not os.path.exists(os.path.join(clone, "config.json")):  # 2. the clone (or its adapter merged again)
+    # 2. the clone (or its adapter merged again); bench.bc writes the tokenizer after the weights
+    if not os.path.exists(os.path.join(clone, "tokenizer_config.json")):
         if os.path.exists(os.path.join(adapter, "adapter_config.json")):
             run(["-m", "bench.bc", "--merge", adapter, "--model", args.model, "--out", clone], log)
         else:
@@ -118,13 +123,16 @@ def replicate(args, extra):
         print(f"clone: {clone}, {time.time() - t0:.0f} s in")
     evals = {"clone": os.path.join(out, "clone_eval")}
     timing = os.path.join(evals["clone"], "eval_seconds.txt")
-    if not os.path.exists(os.path.join(evals["clone"], "eval.json")):  # 3. the clone on both splits
+    if not evaluate.complete(evals["clone"]):  # 3. the clone on both splits (again if cut short)
         t_eval = time.time()
         cmd = ["train.py", "--env", "alfworld", "--eval_only", "1", "--model", clone]
-        run([*cmd, "--out_dir", evals["clone"], *ARM_FLAGS, *extra], log)
-        open(timing, "w").write(f"{time.time() - t_eval:.1f}\n")
+        run([*cmd, "--out_dir", unfinished(evals["clone"]), *ARM_FLAGS, *extra], log)
+        records.write_whole(timing, f"{time.time() - t_eval:.1f}\n")
         print(f"clone eval: {rates(evals['clone'])}, {time.time() - t_eval:.0f} s")
-    t_eval = float(open(timing).read()) if os.path.exists(timing) else 0.0
+    try:  # the clone's eval time, which the arms of a replicate leave for their own evals
+        t_eval = float(open(timing).read())
+    except (OSError, ValueError):
+        t_eval = 300.0  # an eval done before this file was written: ~the H100's (docs/envs.md)
     # 4. the arms at once. A replicate: one run each, for what is left less their evals after it (two at
     #    once: 2x the clone's); done once saved. A long pair (--lora_rank): all that is left, each call;
     #    done at the target iteration (evaluated there by train.py), resumed while short of it
@@ -143,6 +151,10 @@ def replicate(args, extra):
             sys.exit(f"error: bench.pair: {minutes:.1f} min left for the arms: raise --minutes")
         resume, run_dir = ["--resume", "1"] if at[arm] else [], os.path.join(out, arm)
         if os.path.exists(run_dir) and not resume:  # an arm cut short before its checkpoint: kept aside
+            if checkpoint.holder(run_dir):  # not cut short: still running (an earlier bench.pair's)
+                sys.exit(
+                    f"error: bench.pair: {run_dir} is in use ({checkpoint.holder(run_dir)}): stop it first"
+                )
             kept = next(f"{run_dir}.cut{k}" for k in range(1, 999) if not os.path.exists(f"{run_dir}.cut{k}"))
             os.rename(run_dir, kept)
             print(f"{arm}: a run cut short before its checkpoint is kept in {kept}; starting it again")
@@ -173,7 +185,7 @@ def replicate(args, extra):
     procs = {
         arm: run(
             ["train.py", "--env", "alfworld", "--eval_only", "1", "--model", os.path.join(out, arm, "model")]
-            + ["--out_dir", os.path.join(out, f"{arm}_eval"), *ARM_FLAGS, *extra],
+            + ["--out_dir", unfinished(os.path.join(out, f"{arm}_eval")), *ARM_FLAGS, *extra],
             log,
             wait=False,
         )
@@ -198,7 +210,7 @@ def arm_eval(out, arm):
     """The folder of an arm's final eval: OUT/ARM_eval where bench.pair evaluated its export (a run
     stopped by --time_limit is saved, not evaluated), else the run's own (at --iterations)."""
     made = os.path.join(out, f"{arm}_eval")
-    return made if os.path.exists(os.path.join(made, "eval.json")) else os.path.join(out, arm)
+    return made if evaluate.complete(made) else os.path.join(out, arm)
 
 
 def evaluated(out, arm):
@@ -207,7 +219,15 @@ def evaluated(out, arm):
     if arm_eval(out, arm) != run_dir:
         return True
     own = os.path.join(run_dir, "eval.json")
-    return os.path.exists(own) and json.load(open(own)).get("iteration") == saved_iteration(run_dir)
+    return evaluate.complete(own) and json.load(open(own)).get("iteration") == saved_iteration(run_dir)
+
+
+def unfinished(eval_dir):
+    """An eval folder to play again: the eval.json of one cut short ("complete": false) goes first, as
+    train.py --eval_only never writes over an eval -> eval_dir."""
+    if os.path.exists(os.path.join(eval_dir, "eval.json")) and not evaluate.complete(eval_dir):
+        os.remove(os.path.join(eval_dir, "eval.json"))
+    return eval_dir
 
 
 def saved_iteration(out_dir):
@@ -282,10 +302,10 @@ def carry(out, arms, with_ckpt):
             for name in names:
                 if os.path.exists(os.path.join(out, name)):
                     tar.add(os.path.join(out, name), arcname=name)
-    except (OSError, tarfile.TarError):  # a file gone mid-walk: an arm swapping in a checkpoint
-        return None
+    except (OSError, tarfile.TarError):  # a file gone mid-walk (an arm swapping in a checkpoint), a full disk
+        return dropped(path + ".tmp")
     if checkpoints(out, arms) != before:  # a checkpoint swapped in while packing: parts of two saves
-        return None
+        return dropped(path + ".tmp")
     os.replace(path + ".tmp", path)
     print(f"bench.pair: {path}, {os.path.getsize(path) / 2**20:.1f} MiB", flush=True)
     return path
@@ -309,6 +329,12 @@ def trajectory(out, arms, block=BLOCK):
     ]
     head = ["training success (T = 1)", *(f"iterations {a}-{b}" for a, b in spans)]
     return "\n".join(table(head, rows))
+
+
+def dropped(path):
+    """A half-made or mixed carry is removed (on a full disk it holds the space the next save needs)."""
+    with contextlib.suppress(OSError):
+        os.remove(path)
 
 
 def rates(path):

@@ -523,8 +523,9 @@ def test_bc_collects_expert_steps_and_cloning_lowers_the_loss(data_dir, tiny_mod
 def test_pair_plays_a_replicate_end_to_end_and_pools_replicates(data_dir, tiny_model, tmp_path, monkeypatch):
     """bench.pair with the tiny model on CPU: the expert's steps of 2 games over 2 processes, a 4-step
     clone, its eval, GiGPO and GRPO side by side for one iteration, the paired tables; an arm's folder
-    left by a run cut short is kept aside; a second run finds every stage done; --report pools two
-    replicates, game by game and across replicates."""
+    left by a run cut short is kept aside, but not while a process still runs in it; a second run
+    finds every stage done, and does again a clone saved in part and an eval cut short; --report pools
+    two replicates, game by game and across replicates."""
     from bench import pair
 
     model, tok = tiny_model
@@ -541,19 +542,18 @@ def test_pair_plays_a_replicate_end_to_end_and_pools_replicates(data_dir, tiny_m
     (cut / "metrics.jsonl").write_text('{"iteration": 1}\n')
     pair.main(["--model", str(tmp_path / "tiny"), "--out", str(tmp_path / "r1"), *small])
     # r2's arms stop at a time limit (as a replicate's do): saved, not evaluated; pair evaluates them
-    pair.main(
-        [
-            "--model",
-            str(tmp_path / "tiny"),
-            "--out",
-            str(tmp_path / "r2"),
-            *small,
-            "--iterations",
-            "3",
-            "--time_limit",
-            "1e-9",
-        ]
-    )
+    r2 = ["--model", str(tmp_path / "tiny"), "--out", str(tmp_path / "r2"), *small, "--iterations", "3"]
+    r2 += ["--time_limit", "1e-9"]
+    hold = "import fcntl, sys, time; f = open(sys.argv[1], 'a'); fcntl.flock(f, fcntl.LOCK_EX); print(1)"
+    hold += "; sys.stdout.flush(); time.sleep(600)"
+    running = subprocess.Popen([sys.executable, "-c", hold, str(cut / ".lock")], stdout=subprocess.PIPE)
+    running.stdout.readline()  # an earlier bench.pair's arm still running there: not renamed under it
+    with pytest.raises(SystemExit, match="in use"):
+        pair.main(r2)
+    running.kill()
+    running.wait()
+    assert not (tmp_path / "r2" / "gigpo.cut1").exists()
+    pair.main(r2)
     assert (tmp_path / "r2" / "gigpo.cut1" / "metrics.jsonl").exists()
     for arm in ("gigpo", "grpo"):
         assert not (tmp_path / "r2" / arm / "eval.json").exists()
@@ -569,8 +569,13 @@ def test_pair_plays_a_replicate_end_to_end_and_pools_replicates(data_dir, tiny_m
         ev = json.load(open(out / arm / "eval.json"))
         assert ev["iteration"] == 1 and len(ev["games"]["valid_seen"]) == 2
     stamp = (out / "gigpo" / "eval.json").stat().st_mtime
-    pair.main(["--model", str(tmp_path / "tiny"), "--out", str(out), *small])  # every stage is done
+    ev = json.load(open(out / "clone_eval" / "eval.json"))
+    (out / "clone_eval" / "eval.json").write_text(json.dumps({**ev, "complete": False}))  # cut short
+    (out / "clone" / "tokenizer_config.json").unlink()  # a clone killed mid-save: written last
+    pair.main(["--model", str(tmp_path / "tiny"), "--out", str(out), *small])  # every other stage is done
     assert (out / "gigpo" / "eval.json").stat().st_mtime == stamp
+    assert json.load(open(out / "clone_eval" / "eval.json"))["complete"] is True
+    assert (out / "clone" / "tokenizer_config.json").exists()
     text = pair.main(["--report", str(out), str(tmp_path / "r2")])
     assert text.count("| valid_seen |") == 3 and "| valid_seen | 4 |" in text  # 2 rows + 4 games pooled
     assert text.count(" of 2 replicates") == 2  # the sign test across replicates, per split

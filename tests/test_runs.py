@@ -102,6 +102,19 @@ def test_a_fresh_run_never_writes_over_a_run(run, flags):
     assert snapshot(run) == before
 
 
+def test_an_eval_only_result_is_not_written_over(run, tmp_path):
+    """An --eval_only folder holds only eval.json: a second --eval_only (another model) or a fresh run
+    there replaced it without a word. Refused in one line, the eval left as it was."""
+    ev = tmp_path / "ev"
+    train.main([*ARGS, "--eval_only", "1", "--model", str(run / "model"), "--out_dir", str(ev)])
+    before = snapshot(ev)
+    for flags in (["--eval_only", "1", "--model", str(run / "model")], ["--iterations", "2"]):
+        with pytest.raises(SystemExit) as e:
+            train.main([*ARGS, *flags, "--out_dir", str(ev)])
+        one_line_error(e, "holds a run", "eval.json", "--out_dir")
+        assert snapshot(ev) == before
+
+
 def test_a_bad_seed_stops_before_the_first_byte(run, tmp_path):
     """--seed -1 passed the checks, emptied metrics.jsonl and episodes.jsonl, then died with a
     traceback (a later --resume 1 went on with an empty log). Now: one line, nothing written."""
@@ -267,11 +280,23 @@ def test_ctrl_c_is_one_line_that_says_what_was_kept(tmp_path):
 
 def test_resume_with_more_iterations_says_the_lr_schedule_stretches(run, capsys):
     """--iterations 2 -> 4 on resume re-stretches the cosine over 4 iterations: the lr jumps up
-    (here 5.5x: 0.55 of --lr instead of 0.1). Accepted (a finished run can be trained on), and said
-    in one line at start."""
+    (here 5.5x: iteration 3 at 0.55 of --lr, where the 2-iteration schedule had ended at 0.1).
+    Accepted (a finished run can be trained on), and said in one line at start. The log shows the
+    lr each iteration trained at (it showed the next one's: iteration 1 not at --lr)."""
+    from policy import lr_scale
+
     train.main([*ARGS, "--iterations", "4", "--out_dir", str(run), "--resume", "1"])
     lrs = [json.loads(line)["lr"] for line in open(run / "metrics.jsonl")]
-    assert lrs[2] > 2 * lrs[1]  # logged after each step: the lr of the next iteration
+    cfg = train.Config()
+    at = [
+        lr_scale(0, 2, cfg.lr_min),
+        lr_scale(1, 2, cfg.lr_min),
+        lr_scale(2, 4, cfg.lr_min),
+        lr_scale(3, 4, cfg.lr_min),
+    ]
+    assert lrs == pytest.approx([cfg.lr * s for s in at]) and at[2] / lr_scale(
+        2, 2, cfg.lr_min
+    ) == pytest.approx(5.5)
     assert "note: --iterations 2 -> 4 stretches the cosine lr schedule" in capsys.readouterr().out
 
 

@@ -332,6 +332,16 @@ def test_eval_json_keeps_the_sets_done(tmp_path, monkeypatch):
         and saved["types"] == {"seen": ["pick", "heat"]}
     )
     assert saved["rates"] == {"seen": 0.5, "seen/heat": 0.0, "seen/pick": 1.0}
+    # marked cut short: bench.pair plays it again, and a comparison refuses it (unseen would drop out)
+    assert saved["complete"] is False and not evaluate.complete(tmp_path)
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "eval.json").write_text(json.dumps({**saved, "complete": True}))
+    with pytest.raises(ValueError, match="cut short"):
+        evaluate.compare(str(tmp_path / "b"), str(tmp_path))
+    won = {"won": True, "task_type": "pick", "invalid": 0, "length": 3}
+    monkeypatch.setattr(evaluate, "rollout", lambda *args, **kwargs: ([], [won, won], None))
+    evaluate.evaluate(None, train.Config(out_dir=str(tmp_path)), None, None, None, iteration=8)
+    assert json.load(open(tmp_path / "eval.json"))["complete"] is True and evaluate.complete(tmp_path)
 
 
 def test_eval_leaves_out_games_a_dead_worker_cut_short(tmp_path, monkeypatch):
