@@ -64,22 +64,44 @@ def eval_what(cfg):
 
 
 def eval_envs_for(cfg, envs, kwargs, seeds):
-    """A named set gets its own envs (one group of 1 per game, closed after use); the held-out seeds
-    are played on `envs`, made once in main()."""
-    return (
-        GroupedEnvs(
-            cfg.env,
-            len(seeds),
-            1,
-            workers=cfg.env_workers,
-            **{**parse_env_args(cfg.env, cfg.env_args), **kwargs},
-        )
-        if kwargs
-        else envs
+    """A named set gets its own envs (one group of 1 per game, closed after use), its games starting
+    to load at once in their env workers; the held-out seeds are played on `envs`, made once in main()."""
+    if not kwargs:
+        return envs
+    set_envs = GroupedEnvs(
+        cfg.env, len(seeds), 1, workers=cfg.env_workers, **{**parse_env_args(cfg.env, cfg.env_args), **kwargs}
     )
+    set_envs.prefetch(list(seeds))  # in-process envs: nothing to do
+    return set_envs
 
 
-def evaluate(tok, cfg, envs, prompt, engine, on_samples=None, iteration=None):
+def first_set(cfg, envs):
+    """The first eval set's envs, made now and loading (--eval_only: while the model and the engine
+    are built) -> {name: envs} for each_set, or {} (the held-out seeds, in-process envs)."""
+    name, (kwargs, seeds) = next(iter(eval_plan(cfg).items()))
+    return {name: eval_envs_for(cfg, envs, kwargs, seeds)} if kwargs and cfg.env_workers else {}
+
+
+def each_set(cfg, envs, ahead=None):
+    """The eval sets in eval_plan's order -> (name, seeds, the envs that play them). With env workers
+    the next named set's envs are made, its games loading, while this one plays (an ALFWorld game
+    takes seconds to load: the splits' loads were most of an eval); ahead: sets made before (first_set).
+    A named set's envs are closed after it."""
+    plan, ahead = list(eval_plan(cfg).items()), dict(ahead or {})
+    try:
+        for k, (name, (kwargs, seeds)) in enumerate(plan):
+            set_envs = ahead.pop(name, None) or eval_envs_for(cfg, envs, kwargs, seeds)
+            if k + 1 < len(plan) and plan[k + 1][1][0] and cfg.env_workers:
+                ahead[plan[k + 1][0]] = eval_envs_for(cfg, envs, *plan[k + 1][1])
+            yield name, seeds, set_envs
+            if set_envs is not envs:
+                set_envs.close()
+    finally:  # an eval cut short: the sets made ahead
+        for other in ahead.values():
+            other.close()
+
+
+def evaluate(tok, cfg, envs, prompt, engine, on_samples=None, iteration=None, ahead=None):
     """Episodes at eval_temperature (0 = greedy) on the eval sets -> {set: success}, in eval_plan's
     order, plus {"set/type": success} per task type (info["task_type"]) where there is one. Prints a
     line per named set: its success, per task type, and the share of invalid-action steps. Writes
@@ -87,12 +109,11 @@ def evaluate(tok, cfg, envs, prompt, engine, on_samples=None, iteration=None):
     until the last): the iteration, these rates, each set's games won (1) or not (0) in order and
     (named sets with task types) each game's type, for a game-by-game comparison of two evals
     (`python -m evaluate A B`), and the env, its --env_args and each set's seeds (compare refuses
-    two evals of other games, or one cut short). A game a dead
-    env worker cut short is no result: null in eval.json, left out of every rate (and said so)."""
+    two evals of other games, or one cut short). A game a dead env worker cut short is no result:
+    null in eval.json, left out of every rate (and said so). ahead: first_set's, made before."""
     rates, games, types, played, plan = {}, {}, {}, {}, eval_plan(cfg)
-    for name, (kwargs, seeds) in plan.items():
+    for name, seeds, set_envs in each_set(cfg, envs, ahead):
         played[name] = list(seeds)
-        set_envs = eval_envs_for(cfg, envs, kwargs, seeds)
         memories = [make_memory(cfg.memory, cfg.memory_k or None) for _ in range(set_envs.n)]
         samples, episodes, _ = rollout(
             set_envs,
@@ -104,7 +125,7 @@ def evaluate(tok, cfg, envs, prompt, engine, on_samples=None, iteration=None):
             cfg.eval_temperature,
             1.0,
             cfg.max_response_tokens,
-            desc=f"eval {name}" if kwargs else None,
+            desc=f"eval {name}" if set_envs is not envs else None,
             overlap=cfg.overlap,
         )
         if on_samples:  # records.py: a few whole episodes of each set go to disk
@@ -116,7 +137,6 @@ def evaluate(tok, cfg, envs, prompt, engine, on_samples=None, iteration=None):
                 f"eval {name}: {games[name].count(None)} games cut short by a dead env worker, left out"
             )
         if set_envs is not envs:
-            set_envs.close()
             if any(e.get("task_type") for e in episodes):
                 types[name] = [e.get("task_type", "") for e in episodes]
             by_type = {}  # task type -> [won, ...]
@@ -186,8 +206,7 @@ def random_policy_success(cfg, envs):
     """The same eval episodes played by a uniformly random admissible action -> {set: success}. A step
     whose env lists none (free-text answers) plays the empty action, a no-op (README, "Add an env")."""
     rng, rates = random.Random(0), {}
-    for name, (kwargs, seeds) in eval_plan(cfg).items():
-        set_envs = eval_envs_for(cfg, envs, kwargs, seeds)
+    for name, seeds, set_envs in each_set(cfg, envs):
         wins = []
         obs, infos = set_envs.reset(seeds)
         active = list(range(set_envs.n))
@@ -198,8 +217,6 @@ def random_policy_success(cfg, envs):
                 if (term or trunc) and not info.get("worker_died"):
                     wins.append(bool(info.get("won")))
             active = [i for i in active if not (res[i][2] or res[i][3])]
-        if set_envs is not envs:
-            set_envs.close()
         rates[name] = known_mean(wins)
     return rates
 

@@ -53,7 +53,16 @@ from checkpoint import (
 )
 from checks import check_config, check_world, fail
 from envs import GroupedEnvs, parse_env_args
-from evaluate import HELD_OUT, RandomBaseline, eval_plan, eval_what, evaluate, headline, success_text
+from evaluate import (
+    HELD_OUT,
+    RandomBaseline,
+    eval_plan,
+    eval_what,
+    evaluate,
+    first_set,
+    headline,
+    success_text,
+)
 from fsdp import (
     all_finite,
     all_gather,
@@ -407,11 +416,11 @@ def run_eval(cfg, tok, random_play, prompt, engine, it, episode_log):
 
 def evaluate_only(cfg, rank, device, eval_envs, prompt):
     """--eval_only: load --model, evaluate it as a run would (rank 0), print the result -> the headline."""
-    t0 = time.perf_counter()
+    t0, ahead = time.perf_counter(), first_set(cfg, eval_envs) if rank == 0 else {}  # loads during the build
     model, tok = load_model(cfg, device)
     engine = build_engine(cfg, model, tok, device)
     t1 = time.perf_counter()
-    rates = evaluate(tok, cfg, eval_envs, prompt, engine) if rank == 0 else None
+    rates = evaluate(tok, cfg, eval_envs, prompt, engine, ahead=ahead) if rank == 0 else None
     if rank == 0:
         print(
             f"seconds: model and engine {t1 - t0:.1f}, the eval (its envs too) {time.perf_counter() - t1:.1f}"

@@ -115,6 +115,50 @@ def test_an_eval_only_result_is_not_written_over(run, tmp_path):
         assert snapshot(ev) == before
 
 
+def test_eval_sets_load_ahead_and_play_as_in_turn(run, tmp_path, monkeypatch):
+    """With env workers the next named eval set's envs are made, their games loading, before the set
+    ahead of it plays (--eval_only: the first set's before the model is built; an ALFWorld split's
+    loads were most of its eval); in-process envs are made in turn. Both give the same games, and
+    every set's envs are closed."""
+    plan = {
+        name: ({"size": size}, [evaluate.HELD_OUT + k for k in range(3)])
+        for name, size in (("a", 5), ("b", 6))
+    }
+    monkeypatch.setattr(evaluate, "eval_plan", lambda cfg: plan)
+    events, made, rollout, load_model = [], evaluate.GroupedEnvs, evaluate.rollout, train.load_model
+
+    class Envs(made):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.size = kwargs["size"]
+            events.append(("made", self.size))
+
+        def close(self):
+            events.append(("closed", self.size))
+            super().close()
+
+    monkeypatch.setattr(evaluate, "GroupedEnvs", Envs)
+    monkeypatch.setattr(
+        evaluate, "rollout", lambda e, *a, **k: events.append(("play", e.size)) or rollout(e, *a, **k)
+    )
+    monkeypatch.setattr(train, "load_model", lambda *a: events.append(("build", 0)) or load_model(*a))
+    order = {
+        2: [("made", 5), ("build", 0), ("made", 6), ("play", 5), ("closed", 5), ("play", 6), ("closed", 6)],
+        0: [("build", 0), ("made", 5), ("play", 5), ("closed", 5), ("made", 6), ("play", 6), ("closed", 6)],
+    }
+    games = {}
+    for workers, expected in order.items():
+        events.clear()
+        out = tmp_path / f"ev{workers}"
+        model = ["--model", str(run / "model"), "--env_workers", str(workers)]
+        train.main([*ARGS, "--eval_only", "1", *model, "--out_dir", str(out)])
+        assert events == expected, workers
+        games[workers] = json.load(open(out / "eval.json"))["games"]
+    assert (
+        list(games[2]) == ["a", "b"] and all(len(g) == 3 for g in games[2].values()) and games[2] == games[0]
+    )
+
+
 def test_a_bad_seed_stops_before_the_first_byte(run, tmp_path):
     """--seed -1 passed the checks, emptied metrics.jsonl and episodes.jsonl, then died with a
     traceback (a later --resume 1 went on with an empty log). Now: one line, nothing written."""
