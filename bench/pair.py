@@ -6,8 +6,9 @@ one GPU, both splits evaluated, each paired game by game against the clone; and 
     python -m bench.pair --model SMOLLM2 --out /tmp/pair --minutes 25 --lora_rank 8 --iterations 75
                                                     # a long LoRA pair: the same command on each machine
 
-A replicate (each stage is skipped where its output is whole, so a rerun goes on; one bench.pair per
-OUT at a time, and an arm's folder is never moved while a process runs in it):
+A replicate (each stage is skipped where its output is whole, so a rerun goes on, with the flags
+OUT/stages.json keeps; one bench.pair per OUT at a time; an arm's folder is never moved while a
+process runs in it):
   1. collect  the expert on train games 0..--games-1 (bench.bc --collect, over --procs processes)
               -> OUT/bc.jsonl
   2. clone    bench.bc --train from --model, --epochs -> OUT/clone/
@@ -71,6 +72,27 @@ ARM_FLAGS = (
 BLOCK = 15  # iterations a block of the training-success trajectory in OUT/pair.md (75 = 5 blocks)
 SAVE_EVERY = 3  # a long pair's arms checkpoint every 3 iterations (~4 min on an H100), each in the carry
 POLL = 20  # seconds between looks at the arms' checkpoints
+STAGE_FLAGS = ("games", "epochs", "bc_flags", "lora_rank")  # what OUT's expert data and clone are made with
+
+
+def same_stages(out, args):
+    """OUT/stages.json: the flags OUT's expert data and clone were made with (written when OUT is
+    new). A later call with others would reuse them unsaid: one line instead (the arms' own flags are
+    checked by train.py's --resume)."""
+    path, now = os.path.join(out, "stages.json"), {k: getattr(args, k) for k in STAGE_FLAGS}
+    if os.path.exists(path):
+        before = json.load(open(path))
+        diff = [
+            f"--{k} {before[k]!r} (this call: {now[k]!r})" for k in now if k in before and before[k] != now[k]
+        ]
+        if diff:
+            sys.exit(
+                f"error: bench.pair: {out} was made with {', '.join(diff)}: give the same, or a new --out"
+            )
+    elif not os.path.exists(
+        os.path.join(out, "bc.jsonl")
+    ):  # a new OUT (one made before this file: not known)
+        records.write_whole(path, json.dumps(now))
 
 
 def run(cmd, log, wait=True, env=None):
@@ -87,6 +109,7 @@ def run(cmd, log, wait=True, env=None):
 def replicate(args, extra):
     out = args.out
     checkpoint.lock(out, flag="--out")  # one bench.pair per OUT (its arms lock their own folders)
+    same_stages(out, args)
     t0, log = time.time(), os.path.join(out, "pair.log")
     data = os.path.join(out, "bc.jsonl")
     if not os.path.exists(data):  # 1. the expert's steps, games split evenly over the processes
@@ -284,7 +307,7 @@ def carry(out, arms, with_ckpt):
     the clone's adapter (--lora_rank) and eval, each arm's logs (episodes.jsonl: bench.credit's input),
     eval and (with LoRA: MBs) checkpoint and compile caches. Not the merged clone or the arms' model/
     exports, which are rebuilt or rewritten."""
-    names = ["bc.jsonl", "clone/bc.json", "clone/adapter", "clone_eval", "pair.log", "pair.md"]
+    names = ["bc.jsonl", "stages.json", "clone/bc.json", "clone/adapter", "clone_eval", "pair.log", "pair.md"]
     for arm in arms:
         names += [
             f"{arm}.log",

@@ -569,6 +569,8 @@ def test_pair_plays_a_replicate_end_to_end_and_pools_replicates(data_dir, tiny_m
         ev = json.load(open(out / arm / "eval.json"))
         assert ev["iteration"] == 1 and len(ev["games"]["valid_seen"]) == 2
     stamp = (out / "gigpo" / "eval.json").stat().st_mtime
+    with pytest.raises(SystemExit, match="made with --games 2 .this call: 3."):  # not reused unsaid
+        pair.main(["--model", str(tmp_path / "tiny"), "--out", str(out), *small, "--games", "3"])
     ev = json.load(open(out / "clone_eval" / "eval.json"))
     (out / "clone_eval" / "eval.json").write_text(json.dumps({**ev, "complete": False}))  # cut short
     (out / "clone" / "tokenizer_config.json").unlink()  # a clone killed mid-save: written last
