@@ -272,7 +272,7 @@ def main(argv=None):
                 wandb.log({"episodes": records.wandb_table(wandb, shown)}, step=it)
         # 6. log: the metrics line first, then the checkpoint (ckpt/ and model/ never lead the log)
         batch = (samples, trained, episodes, n_dead, adv, old)
-        m = metrics(cfg, it, batch, sched, {**adv_stats, **upd}, timing, timer, eval_rates, t_run)
+        m = metrics(cfg, it, batch, {**adv_stats, **upd}, timing, timer, eval_rates, t_run)
         if rank == 0:
             records.append_lines(log, json.dumps(m) + "\n")
         if checkpoint:
@@ -370,7 +370,7 @@ def update_policy(cfg, model, ref, opt, sched, critic, trained, adv, targets, lp
     return old, upd
 
 
-def metrics(cfg, it, batch, sched, stats, timing, timer, eval_rates, t_run):
+def metrics(cfg, it, batch, stats, timing, timer, eval_rates, t_run):
     """Section 6: the metrics line (docs/training.md, "Metrics"): the default keys, or all (--metrics all).
     batch: (samples, trained samples, episodes, dead-worker episodes, advantages, old log-probs)."""
     dt, trained = timer.since_start(), batch[1]
