@@ -252,6 +252,7 @@ def main(argv=None):
             shown = record_groups(cfg, samples, parts, tok, it)
         trained, adv, targets = balance_tokens([samples[k] for k in keep], parts["adv"][keep], targets[keep])
         # 3. update: old (and reference) log-probs by the training model, then the clipped step
+        evaluate_now, ahead = eval_ahead(cfg, it, rank, eval_envs)  # an eval's first games load meanwhile
         with timer("sync"):
             engine.sleep()  # vLLM on GPU: its memory goes to the update
         old, upd = update_policy(cfg, model, ref, opt, sched, critic, trained, adv, targets, lp, timer)
@@ -264,10 +265,9 @@ def main(argv=None):
             engine.push_weights(full_parameters(model))
         # 5. eval, every eval_every and at the end (rank 0; a few episodes of each set recorded)
         out_of_time = limit > 0 and all_reduce(time.perf_counter() - t_run, "max") > limit
-        evaluate_now = it % cfg.eval_every == 0 or it == cfg.iterations  # not at a --time_limit stop
         checkpoint = evaluate_now or out_of_time or (cfg.save_every and it % cfg.save_every == 0)
         if evaluate_now and rank == 0:
-            eval_rates, eval_it = run_eval(cfg, tok, random_play, prompt, engine, it, episode_log), it
+            eval_rates, eval_it = run_eval(cfg, tok, random_play, prompt, engine, it, episode_log, ahead), it
             if wandb and shown:
                 wandb.log({"episodes": records.wandb_table(wandb, shown)}, step=it)
         # 6. log: the metrics line first, then the checkpoint (ckpt/ and model/ never lead the log)
@@ -403,15 +403,23 @@ def metrics(cfg, it, batch, stats, timing, timer, eval_rates, t_run):
     )
 
 
-def run_eval(cfg, tok, random_play, prompt, engine, it, episode_log):
+def eval_ahead(cfg, it, rank, eval_envs):
+    """Whether iteration `it` ends in an eval (every eval_every and the last; not at a --time_limit
+    stop) -> (that, its first named set's envs, made now so that their games load during the update:
+    rank 0 with env workers; else {})."""
+    now = it % cfg.eval_every == 0 or it == cfg.iterations
+    return now, first_set(cfg, eval_envs) if now and rank == 0 else {}
+
+
+def run_eval(cfg, tok, random_play, prompt, engine, it, episode_log, ahead):
     """Section 5: every eval set (evaluate.py), a few episodes of each recorded -> the rates. On the
-    eval envs once the random policy's play on them has ended (random_play.envs())."""
+    eval envs once the random policy's play on them has ended (random_play.envs()); ahead: eval_ahead's."""
     eval_envs = random_play.envs(print)
 
     def record(name, samples):
         episode_log.write(records.episodes(samples, tok, it, name, max_episodes=8 * cfg.log_groups))
 
-    return evaluate(tok, cfg, eval_envs, prompt, engine, iteration=it, on_samples=record)
+    return evaluate(tok, cfg, eval_envs, prompt, engine, iteration=it, on_samples=record, ahead=ahead)
 
 
 def evaluate_only(cfg, rank, device, eval_envs, prompt):

@@ -118,8 +118,8 @@ def test_an_eval_only_result_is_not_written_over(run, tmp_path):
 def test_eval_sets_load_ahead_and_play_as_in_turn(run, tmp_path, monkeypatch):
     """With env workers the next named eval set's envs are made, their games loading, before the set
     ahead of it plays (--eval_only: the first set's before the model is built; an ALFWorld split's
-    loads were most of its eval); in-process envs are made in turn. Both give the same games, and
-    every set's envs are closed."""
+    loads were most of its eval; a run's eval: during its iteration's update); in-process envs are
+    made in turn. Both give the same games, and every set's envs are closed."""
     plan = {
         name: ({"size": size}, [evaluate.HELD_OUT + k for k in range(3)])
         for name, size in (("a", 5), ("b", 6))
@@ -157,6 +157,22 @@ def test_eval_sets_load_ahead_and_play_as_in_turn(run, tmp_path, monkeypatch):
     assert (
         list(games[2]) == ["a", "b"] and all(len(g) == 3 for g in games[2].values()) and games[2] == games[0]
     )
+    # in a run, an eval's first set is made before the update of its iteration (the games load meanwhile)
+    update = train.update_policy
+    monkeypatch.setattr(train, "update_policy", lambda *a: events.append(("update", 0)) or update(*a))
+    monkeypatch.setattr(evaluate, "random_policy_success", lambda cfg, envs: {"a": 0.0, "b": 0.0})
+    events.clear()
+    flags = ["--iterations", "2", "--eval_every", "2", "--env_workers", "2", "--out_dir", str(tmp_path / "r")]
+    train.main([*ARGS, *flags])
+    assert events[events.index(("update", 0)) + 1 :] == [
+        ("made", 5),
+        ("update", 0),
+        ("made", 6),
+        ("play", 5),
+        ("closed", 5),
+        ("play", 6),
+        ("closed", 6),
+    ]
 
 
 def test_a_bad_seed_stops_before_the_first_byte(run, tmp_path):
