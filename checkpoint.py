@@ -28,6 +28,7 @@ import torch
 
 from checks import fail, first_line
 from envs import ENVS, env_class, parse_env_args
+from evaluate import complete
 from fsdp import _local, all_reduce, barrier, full_parameters
 from records import write_whole
 
@@ -64,6 +65,7 @@ RESUME_FREE = {
     "early_logprobs",
 }
 RUN_FILES = ("ckpt", "ckpt.old", "model", "metrics.jsonl", "eval.json")  # what makes an out_dir hold a run
+# (an empty metrics.jsonl does not, nor an eval.json cut short: "complete" false, no result to keep)
 _LOCKS = {}  # out_dir (real path) -> its locked .lock file, open until the process ends
 
 
@@ -77,8 +79,9 @@ def claim_out_dir(cfg):
     held = [
         f
         for f in RUN_FILES
-        if os.path.exists(os.path.join(cfg.out_dir, f))
-        and (f != "metrics.jsonl" or os.path.getsize(os.path.join(cfg.out_dir, f)))
+        if os.path.exists(path := os.path.join(cfg.out_dir, f))
+        and (f != "metrics.jsonl" or os.path.getsize(path))
+        and (f != "eval.json" or complete(path))
     ]
     if held:
         ck = saved(cfg.out_dir)

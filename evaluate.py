@@ -75,11 +75,17 @@ def eval_envs_for(cfg, envs, kwargs, seeds):
     return set_envs
 
 
-def first_set(cfg, envs):
-    """The first eval set's envs, made now and loading (--eval_only: while the model and the engine
-    are built) -> {name: envs} for each_set, or {} (the held-out seeds, in-process envs)."""
-    name, (kwargs, seeds) = next(iter(eval_plan(cfg).items()))
+def made_ahead(cfg, envs, item):
+    """item: (name, (kwargs, seeds)) of eval_plan -> {name: its envs, made now, its games loading in
+    their workers}; {} for the held-out seeds or in-process envs (nothing to load ahead)."""
+    name, (kwargs, seeds) = item
     return {name: eval_envs_for(cfg, envs, kwargs, seeds)} if kwargs and cfg.env_workers else {}
+
+
+def first_set(cfg, envs):
+    """The first eval set made ahead (made_ahead), for an eval that starts later: --eval_only's while
+    the model and the engine are built, a run's during the update."""
+    return made_ahead(cfg, envs, next(iter(eval_plan(cfg).items())))
 
 
 def each_set(cfg, envs, ahead=None):
@@ -91,8 +97,8 @@ def each_set(cfg, envs, ahead=None):
     try:
         for k, (name, (kwargs, seeds)) in enumerate(plan):
             set_envs = ahead.pop(name, None) or eval_envs_for(cfg, envs, kwargs, seeds)
-            if k + 1 < len(plan) and plan[k + 1][1][0] and cfg.env_workers:
-                ahead[plan[k + 1][0]] = eval_envs_for(cfg, envs, *plan[k + 1][1])
+            if k + 1 < len(plan):
+                ahead |= made_ahead(cfg, envs, plan[k + 1])
             yield name, seeds, set_envs
             if set_envs is not envs:
                 set_envs.close()

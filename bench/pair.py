@@ -89,9 +89,7 @@ def same_stages(out, args):
             sys.exit(
                 f"error: bench.pair: {out} was made with {', '.join(diff)}: give the same, or a new --out"
             )
-    elif not os.path.exists(
-        os.path.join(out, "bc.jsonl")
-    ):  # a new OUT (one made before this file: not known)
+    elif not os.path.exists(os.path.join(out, "bc.jsonl")):  # a new OUT (an older one's flags: not known)
         records.write_whole(path, json.dumps(now))
 
 
@@ -149,7 +147,7 @@ def replicate(args, extra):
     if not evaluate.complete(evals["clone"]):  # 3. the clone on both splits (again if cut short)
         t_eval = time.time()
         cmd = ["train.py", "--env", "alfworld", "--eval_only", "1", "--model", clone]
-        run([*cmd, "--out_dir", unfinished(evals["clone"]), *ARM_FLAGS, *extra], log)
+        run([*cmd, "--out_dir", evals["clone"], *ARM_FLAGS, *extra], log)
         records.write_whole(timing, f"{time.time() - t_eval:.1f}\n")
         print(f"clone eval: {rates(evals['clone'])}, {time.time() - t_eval:.0f} s")
     try:  # the clone's eval time, which the arms of a replicate leave for their own evals
@@ -174,10 +172,8 @@ def replicate(args, extra):
             sys.exit(f"error: bench.pair: {minutes:.1f} min left for the arms: raise --minutes")
         resume, run_dir = ["--resume", "1"] if at[arm] else [], os.path.join(out, arm)
         if os.path.exists(run_dir) and not resume:  # an arm cut short before its checkpoint: kept aside
-            if checkpoint.holder(run_dir):  # not cut short: still running (an earlier bench.pair's)
-                sys.exit(
-                    f"error: bench.pair: {run_dir} is in use ({checkpoint.holder(run_dir)}): stop it first"
-                )
+            if who := checkpoint.holder(run_dir):  # not cut short: still running (an earlier bench.pair's)
+                sys.exit(f"error: bench.pair: {run_dir} is in use ({who}): stop it first")
             kept = next(f"{run_dir}.cut{k}" for k in range(1, 999) if not os.path.exists(f"{run_dir}.cut{k}"))
             os.rename(run_dir, kept)
             print(f"{arm}: a run cut short before its checkpoint is kept in {kept}; starting it again")
@@ -208,7 +204,7 @@ def replicate(args, extra):
     procs = {
         arm: run(
             ["train.py", "--env", "alfworld", "--eval_only", "1", "--model", os.path.join(out, arm, "model")]
-            + ["--out_dir", unfinished(os.path.join(out, f"{arm}_eval")), *ARM_FLAGS, *extra],
+            + ["--out_dir", os.path.join(out, f"{arm}_eval"), *ARM_FLAGS, *extra],
             log,
             wait=False,
         )
@@ -243,14 +239,6 @@ def evaluated(out, arm):
         return True
     own = os.path.join(run_dir, "eval.json")
     return evaluate.complete(own) and json.load(open(own)).get("iteration") == saved_iteration(run_dir)
-
-
-def unfinished(eval_dir):
-    """An eval folder to play again: the eval.json of one cut short ("complete": false) goes first, as
-    train.py --eval_only never writes over an eval -> eval_dir."""
-    if os.path.exists(os.path.join(eval_dir, "eval.json")) and not evaluate.complete(eval_dir):
-        os.remove(os.path.join(eval_dir, "eval.json"))
-    return eval_dir
 
 
 def saved_iteration(out_dir):

@@ -104,7 +104,8 @@ def test_a_fresh_run_never_writes_over_a_run(run, flags):
 
 def test_an_eval_only_result_is_not_written_over(run, tmp_path):
     """An --eval_only folder holds only eval.json: a second --eval_only (another model) or a fresh run
-    there replaced it without a word. Refused in one line, the eval left as it was."""
+    there replaced it without a word. Refused in one line, the eval left as it was; an eval cut short
+    ("complete": false) is no result, and is played again there."""
     ev = tmp_path / "ev"
     train.main([*ARGS, "--eval_only", "1", "--model", str(run / "model"), "--out_dir", str(ev)])
     before = snapshot(ev)
@@ -113,6 +114,10 @@ def test_an_eval_only_result_is_not_written_over(run, tmp_path):
             train.main([*ARGS, *flags, "--out_dir", str(ev)])
         one_line_error(e, "holds a run", "eval.json", "--out_dir")
         assert snapshot(ev) == before
+    cut = {**json.loads((ev / "eval.json").read_text()), "complete": False}  # an eval cut short: no result
+    (ev / "eval.json").write_text(json.dumps(cut))
+    train.main([*ARGS, "--eval_only", "1", "--model", str(run / "model"), "--out_dir", str(ev)])
+    assert json.loads((ev / "eval.json").read_text())["complete"] is True  # played again, in place
 
 
 def test_eval_sets_load_ahead_and_play_as_in_turn(run, tmp_path, monkeypatch):
