@@ -12,9 +12,11 @@ process runs in it):
   1. collect  the expert on train games 0..--games-1 (bench.bc --collect, over --procs processes)
               -> OUT/bc.jsonl
   2. clone    bench.bc --train from --model, --epochs -> OUT/clone/
-  3. eval     the clone on valid_seen and valid_unseen (train.py --eval_only 1) -> OUT/clone_eval/
+  3. eval     the clone on valid_seen and valid_unseen (train.py --eval_only 1) -> OUT/clone_eval/,
+              run beside 4 (the arms do not need it)
   4. arms     train.py --algo gigpo and --algo grpo from the clone at once, sharing the GPU, with the
-              --time_limit left after 1-3 (less the final evals, timed by the clone's) -> OUT/gigpo/,
+              --time_limit left after 1-2 (less the final evals: 2x the clone's eval, as an earlier
+              call timed it, else 300 s) -> OUT/gigpo/,
               OUT/grpo/ (each checkpointed where it stops: ~1.6 GB for SmolLM2 with its AdamW state)
   4b. evals   a time limit's stop saves without an eval: the arms' model/ exports on both splits, at
               once (train.py --eval_only 1) -> OUT/gigpo_eval/, OUT/grpo_eval/
@@ -144,16 +146,10 @@ def replicate(args, extra):
         print(f"clone: {clone}, {time.time() - t0:.0f} s in")
     evals = {"clone": os.path.join(out, "clone_eval")}
     timing = os.path.join(evals["clone"], "eval_seconds.txt")
-    if not evaluate.complete(evals["clone"]):  # 3. the clone on both splits (again if cut short)
-        t_eval = time.time()
-        cmd = ["train.py", "--env", "alfworld", "--eval_only", "1", "--model", clone]
-        run([*cmd, "--out_dir", evals["clone"], *ARM_FLAGS, *extra], log)
-        records.write_whole(timing, f"{time.time() - t_eval:.1f}\n")
-        print(f"clone eval: {rates(evals['clone'])}, {time.time() - t_eval:.0f} s")
-    try:  # the clone's eval time, which the arms of a replicate leave for their own evals
+    try:  # the clone's eval time (an earlier call's), which the arms of a replicate leave for their evals
         t_eval = float(open(timing).read())
     except (OSError, ValueError):
-        t_eval = 300.0  # an eval done before this file was written: ~the H100's (docs/envs.md)
+        t_eval = 300.0  # none yet: ~the H100's (docs/envs.md)
     # 4. the arms at once. A replicate: one run each, for what is left less their evals after it (two at
     #    once: 2x the clone's); done once saved. A long pair (--lora_rank): all that is left, each call;
     #    done at the target iteration (evaluated there by train.py), resumed while short of it
@@ -187,7 +183,18 @@ def replicate(args, extra):
             env=compile_caches(run_dir) if args.lora_rank else None,
         )
     print(f"arms {', '.join(procs) or '(done before)'}: {minutes:.1f} min each, logs {out}/ARM.log")
+    # 3. the clone on both splits (again if cut short), beside the arms, which do not need it: its
+    #    engine's start and game loads overlap theirs instead of delaying them
+    clone_eval, t_clone_eval = None, time.time()
+    if not evaluate.complete(evals["clone"]):
+        cmd = ["train.py", "--env", "alfworld", "--eval_only", "1", "--model", clone]
+        clone_eval = run([*cmd, "--out_dir", evals["clone"], *ARM_FLAGS, *extra], log, wait=False)
     failed = wait_for_arms(out, procs, args.arms, refresh=bool(args.lora_rank))
+    if clone_eval:
+        if clone_eval.wait():
+            sys.exit(f"error: bench.pair: the clone's eval failed: see {log}")
+        records.write_whole(timing, f"{time.time() - t_clone_eval:.1f}\n")
+        print(f"clone eval: {rates(evals['clone'])}, {time.time() - t_clone_eval:.0f} s (beside the arms)")
     at.update({arm: saved_iteration(os.path.join(out, arm)) for arm in args.arms})  # done() reads it
     if not carry(out, args.arms, with_ckpt=bool(args.lora_rank)):  # also what a failed arm had saved
         print(f"warning: bench.pair: packing {out}/carry.tgz after the stop failed; the one there is older")

@@ -522,10 +522,10 @@ def test_bc_collects_expert_steps_and_cloning_lowers_the_loss(data_dir, tiny_mod
 
 def test_pair_plays_a_replicate_end_to_end_and_pools_replicates(data_dir, tiny_model, tmp_path, monkeypatch):
     """bench.pair with the tiny model on CPU: the expert's steps of 2 games over 2 processes, a 4-step
-    clone, its eval, GiGPO and GRPO side by side for one iteration, the paired tables; an arm's folder
-    left by a run cut short is kept aside, but not while a process still runs in it; a second run
-    finds every stage done, and does again a clone saved in part and an eval cut short; --report pools
-    two replicates, game by game and across replicates."""
+    clone, GiGPO and GRPO side by side for one iteration with the clone's eval beside them, the paired
+    tables; an arm's folder left by a run cut short is kept aside, but not while a process still runs
+    in it; a second run finds every stage done, and does again a clone saved in part and an eval cut
+    short; --report pools two replicates, game by game and across replicates."""
     from bench import pair
 
     model, tok = tiny_model
@@ -540,7 +540,21 @@ def test_pair_plays_a_replicate_end_to_end_and_pools_replicates(data_dir, tiny_m
     cut = tmp_path / "r2" / "gigpo"  # an arm that died before its checkpoint: kept aside, run again
     cut.mkdir(parents=True)
     (cut / "metrics.jsonl").write_text('{"iteration": 1}\n')
+    calls, real_run = [], pair.run
+    monkeypatch.setattr(
+        pair, "run", lambda cmd, *a, **k: calls.append((cmd, k.get("wait", True))) or real_run(cmd, *a, **k)
+    )
     pair.main(["--model", str(tmp_path / "tiny"), "--out", str(tmp_path / "r1"), *small])
+    order = [
+        ("clone_eval" if "--eval_only" in c else c[c.index("--algo") + 1], w)
+        for c, w in calls
+        if "train.py" in c
+    ]
+    assert order[:3] == [
+        ("gigpo", False),
+        ("grpo", False),
+        ("clone_eval", False),
+    ]  # the clone's eval beside the arms
     # r2's arms stop at a time limit (as a replicate's do): saved, not evaluated; pair evaluates them
     r2 = ["--model", str(tmp_path / "tiny"), "--out", str(tmp_path / "r2"), *small, "--iterations", "3"]
     r2 += ["--time_limit", "1e-9"]
