@@ -8,7 +8,7 @@ one GPU, both splits evaluated, each paired game by game against the clone; and 
 
 A replicate (each stage is skipped where its output is whole, so a rerun goes on, with the flags
 OUT/stages.json keeps; one bench.pair per OUT at a time; an arm's folder is never moved while a
-process runs in it):
+process runs in it; Ctrl-C or SIGTERM stops the stages running, each keeping what it saved):
   1. collect  the expert on train games 0..--games-1 (bench.bc --collect, over --procs processes)
               -> OUT/bc.jsonl
   2. clone    bench.bc --train from --model, --epochs -> OUT/clone/
@@ -49,6 +49,7 @@ import argparse
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import tarfile
@@ -95,10 +96,14 @@ def same_stages(out, args):
         records.write_whole(path, json.dumps(now))
 
 
+STAGES = []  # the stages' processes: stopped with bench.pair (Ctrl-C, SIGTERM), not left running
+
+
 def run(cmd, log, wait=True, env=None):
     """A stage's command, its output into log; a failure is one line that names the log."""
     f = open(log, "a")
     p = subprocess.Popen([sys.executable, *cmd], stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+    STAGES.append(p)
     if not wait:
         return p
     if p.wait():
@@ -446,8 +451,33 @@ def main(argv=None):
     if args.games < 1 or args.procs < 1 or args.epochs < 1 or args.minutes < 0:
         sys.exit("error: bench.pair: --games, --procs and --epochs must be >= 1, --minutes >= 0")
     args.out, args.model = os.path.abspath(args.out), os.path.abspath(args.model)
-    replicate(args, extra)
+    try:
+        replicate(args, extra)
+    except KeyboardInterrupt:  # the stages still running get SIGTERM, as train.py's own Ctrl-C: each keeps
+        stopped = stop_stages()  # what it saved, and the same command goes on from there
+        sys.exit(
+            f"interrupted: bench.pair stopped {stopped} running stage(s); {args.out} keeps what they saved"
+        )
+
+
+def stop_stages(grace=120):
+    """SIGTERM to every stage process still running, then wait for them (a kill after grace s) -> how many."""
+    live = [p for p in STAGES if p.poll() is None]
+    for p in live:
+        p.send_signal(signal.SIGTERM)
+    for p in live:
+        try:
+            p.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+    return len(live)
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt  # SIGTERM (a scheduler's kill) ends like Ctrl-C: the stages are stopped too
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, _interrupt)
     main()

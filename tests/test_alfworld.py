@@ -597,6 +597,27 @@ def test_pair_plays_a_replicate_end_to_end_and_pools_replicates(data_dir, tiny_m
     assert text.count(" of 2 replicates") == 2  # the sign test across replicates, per split
 
 
+def test_pair_stops_its_running_stages_when_it_is_stopped(tmp_path):
+    """A SIGTERM (a scheduler's kill) or Ctrl-C to bench.pair stops the stages it started (an arm
+    left running would hold the GPU and its folder) and ends in one line."""
+    script = (
+        "import signal, sys, time; import bench.pair as P\n"
+        "def rep(args, extra):\n"
+        "    p = P.run(['-c', 'import time; time.sleep(600)'], sys.argv[1], wait=False)\n"
+        "    print(p.pid, flush=True); time.sleep(600)\n"
+        "P.replicate = rep; signal.signal(signal.SIGTERM, P._interrupt)\n"
+        "P.main(['--model', sys.argv[1], '--out', sys.argv[2]])\n"
+    )
+    cmd = [sys.executable, "-c", script, str(tmp_path / "stage.log"), str(tmp_path / "out")]
+    p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stage = int(p.stdout.readline())
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 1 and err.strip().splitlines()[-1].startswith("interrupted: bench.pair stopped 1 ")
+    with pytest.raises(ProcessLookupError):  # the stage ended and was waited for
+        os.kill(stage, 0)
+
+
 def test_pair_report_pools_games_and_replicates(tmp_path):
     """bench.pair --report on two made-up replicates of 4 games: gains per replicate, the sign test on
     every replicate's games in one list (also by task type), and across replicates."""
