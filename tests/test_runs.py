@@ -352,16 +352,10 @@ def test_resume_with_more_iterations_says_the_lr_schedule_stretches(run, capsys)
 
     train.main([*ARGS, "--iterations", "4", "--out_dir", str(run), "--resume", "1"])
     lrs = [json.loads(line)["lr"] for line in open(run / "metrics.jsonl")]
-    cfg = train.Config()
-    at = [
-        lr_scale(0, 2, cfg.lr_min),
-        lr_scale(1, 2, cfg.lr_min),
-        lr_scale(2, 4, cfg.lr_min),
-        lr_scale(3, 4, cfg.lr_min),
-    ]
-    assert lrs == pytest.approx([cfg.lr * s for s in at]) and at[2] / lr_scale(
-        2, 2, cfg.lr_min
-    ) == pytest.approx(5.5)
+    cfg = train.Config()  # iterations 1-2 on the 2-iteration schedule, 3-4 on the 4-iteration one
+    at = [lr_scale(k, n, cfg.lr_min) for k, n in ((0, 2), (1, 2), (2, 4), (3, 4))]
+    assert lrs == pytest.approx([cfg.lr * s for s in at])
+    assert at[2] / lr_scale(2, 2, cfg.lr_min) == pytest.approx(5.5)
     assert "note: --iterations 2 -> 4 stretches the cosine lr schedule" in capsys.readouterr().out
 
 
