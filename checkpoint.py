@@ -7,8 +7,9 @@ HF export, and what --resume 1 reads back (the checkpoint, and the metrics log u
   checkpoint, model or metrics stops in one line (what the careful trainers do, e.g. transformers'
   example scripts without --overwrite_output_dir): --resume 1 continues it, a new --out_dir starts
   another, deleting the folder starts over.
-- A save writes everything under temp names, then swaps them in, so a kill or a full disk at any
-  moment leaves the last complete checkpoint; a full disk stops the run in one line that says so.
+- A save writes everything under temp names, syncs them to the disk, then swaps them in, so a kill,
+  a full disk or a power cut at any moment leaves the last complete checkpoint; a full disk stops
+  the run in one line that says so.
 """
 
 import contextlib
@@ -153,15 +154,43 @@ def _swap_in(tmp, final):
     """Replace `final` by `tmp` so that one complete copy always exists on disk: `final` if it is
     there, else `final.old` (a kill between the two renames; resume then reads it, checkpoint_path).
     A `final.old` left half-deleted by a kill is dropped first while `final` is complete: renaming
-    onto it failed ("Directory not empty") and no later save got through."""
+    onto it failed ("Directory not empty") and no later save got through. `final.old` goes only once
+    the renames are on the disk (save synced `tmp`'s files before), so a power cut or a host crash
+    cannot leave a renamed checkpoint whose bytes were never written and the old one deleted."""
     old = final + ".old"
     if os.path.exists(final):
         if os.path.exists(old):
             shutil.rmtree(old)
         os.replace(final, old)
     os.replace(tmp, final)
-    if os.path.exists(old):
+    if _fsync(os.path.dirname(final) or ".") and os.path.exists(old):  # else the next save drops it
         shutil.rmtree(old)
+
+
+def _fsync_tree(path):
+    """fsync every file under path (an error, e.g. a full disk found only now, raises), then its folders."""
+    for root, _, files in os.walk(path):
+        for name in files:
+            fd = os.open(os.path.join(root, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        _fsync(root)
+
+
+def _fsync(folder):
+    """fsync a folder's entries -> False where the disk failed (EIO); a file system that cannot sync a
+    folder (EINVAL and the like) counts as done, or every save would keep its old copy there."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as e:
+        return e.errno != errno.EIO
+    return True
 
 
 def checkpoint_path(out_dir):
@@ -219,6 +248,13 @@ def save(out_dir, it, model, tok, opt, sched, rank, config, gen_model=None, extr
         if _caused(e, lambda x: isinstance(x, KeyboardInterrupt)):  # Ctrl-C inside dcp: wrapped as a failure
             raise KeyboardInterrupt from e
         error = e
+    barrier()  # every rank's files written: rank 0 puts them on the disk before any swap
+    if rank == 0 and error is None:
+        try:
+            _fsync_tree(tmp_hf)
+            _fsync_tree(tmp)
+        except OSError as e:
+            error = e
     if all_reduce(int(error is not None), "max"):
         if rank == 0:
             free = shutil.disk_usage(out_dir).free  # before the temp copies go

@@ -41,6 +41,8 @@ def write_whole(path, text):
     try:
         with open(path + ".tmp", "w") as f:
             f.write(text)
+            f.flush()
+            os.fsync(f.fileno())  # on the disk before the rename: a power cut leaves old or new, not empty
         os.replace(path + ".tmp", path)
     except OSError as e:
         with contextlib.suppress(OSError):

@@ -97,6 +97,43 @@ def test_checkpoint_never_leads_the_log(tmp_path, monkeypatch):
     assert iterations(out) == [1, 2] and json.load(open(out / "ckpt" / "meta.json"))["iteration"] == 2
 
 
+def test_save_is_on_the_disk_before_the_swap(tmp_path, monkeypatch):
+    """A power cut right after a swap must not leave renamed files whose bytes were never written,
+    the old checkpoint deleted: every file of ckpt/ and model/ is fsynced before they are swapped in,
+    and ckpt.old goes only after the folder's entries (the renames) are synced. Files written whole
+    (eval.json) are synced before their rename too."""
+    out, events = tmp_path / "run", []
+    real = {"fsync": os.fsync, "replace": os.replace, "rmtree": shutil.rmtree}
+
+    def fsync(fd):
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        real["fsync"](fd)
+
+    def replace(src, dst):
+        events.append(("replace", str(src), str(dst)))
+        real["replace"](src, dst)
+
+    def rmtree(path, *a, **k):
+        events.append(("rmtree", str(path)))
+        real["rmtree"](path, *a, **k)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    monkeypatch.setattr(shutil, "rmtree", rmtree)
+    train.main([*ARGS, "--iterations", "2", "--out_dir", str(out)])
+    at = lambda *e: max(i for i, x in enumerate(events) if x == e)  # noqa: E731  (the last: iteration 2's)
+    for d in ("model", "ckpt"):
+        tmp, final = str(out / f"{d}.tmp"), str(out / d)
+        moved_aside, swapped = at("replace", final, final + ".old"), at("replace", tmp, final)
+        files = [os.path.join(r, f) for r, _, fs in os.walk(final) for f in fs]
+        synced = {x[1] for x in events[:moved_aside] if x[0] == "fsync"}
+        assert files and {f.replace(final, tmp, 1) for f in files} <= synced, d
+        dropped = at("rmtree", final + ".old")
+        assert swapped < events.index(("fsync", str(out)), swapped) < dropped, d
+    ev = str(out / "eval.json")  # a file written whole (records.write_whole): synced, then renamed
+    assert ("fsync", ev + ".tmp") in events[: at("replace", ev + ".tmp", ev)]
+
+
 def flip_optimizer_bytes(ckpt):
     """16 bytes of one AdamW exp_avg set to 0xff: they load without complaint, as NaN."""
     from torch.distributed.checkpoint import FileSystemReader
