@@ -167,9 +167,10 @@ def _swap_in(tmp, final):
         shutil.rmtree(old)
 
 
-def _fsync_tree(path):
-    """fsync every file under path (an error, e.g. a full disk found only now, raises), then its folders."""
-    for root, _, files in os.walk(path):
+def _fsync_tree(path, deep=True):
+    """fsync every file under path (deep=False: those right in it), then the folders; an error (e.g. a
+    full disk found only now) raises."""
+    for root, dirs, files in os.walk(path):
         for name in files:
             fd = os.open(os.path.join(root, name), os.O_RDONLY)
             try:
@@ -177,6 +178,8 @@ def _fsync_tree(path):
             finally:
                 os.close(fd)
         _fsync(root)
+        if not deep:
+            dirs.clear()
 
 
 def _fsync(folder):
@@ -251,6 +254,7 @@ def save(out_dir, it, model, tok, opt, sched, rank, config, gen_model=None, extr
     barrier()  # every rank's files written: rank 0 puts them on the disk before any swap
     if rank == 0 and error is None:
         try:
+            _fsync_tree(out_dir, deep=False)  # the logs (metrics.jsonl): a checkpoint never leads them
             _fsync_tree(tmp_hf)
             _fsync_tree(tmp)
         except OSError as e:

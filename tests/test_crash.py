@@ -128,6 +128,7 @@ def test_save_is_on_the_disk_before_the_swap(tmp_path, monkeypatch):
         files = [os.path.join(r, f) for r, _, fs in os.walk(final) for f in fs]
         synced = {x[1] for x in events[:moved_aside] if x[0] == "fsync"}
         assert files and {f.replace(final, tmp, 1) for f in files} <= synced, d
+        assert str(out / "metrics.jsonl") in synced  # the log, whose lines the checkpoint must not lead
         dropped = at("rmtree", final + ".old")
         assert swapped < events.index(("fsync", str(out)), swapped) < dropped, d
     ev = str(out / "eval.json")  # a file written whole (records.write_whole): synced, then renamed
