@@ -169,10 +169,13 @@ def _swap_in(tmp, final):
 
 def _fsync_tree(path, deep=True):
     """fsync every file under path (deep=False: those right in it), then the folders; an error (e.g. a
-    full disk found only now) raises."""
+    full disk found only now) raises, a file gone meanwhile (a temp name renamed) is passed over."""
     for root, dirs, files in os.walk(path):
         for name in files:
-            fd = os.open(os.path.join(root, name), os.O_RDONLY)
+            try:
+                fd = os.open(os.path.join(root, name), os.O_RDONLY)
+            except FileNotFoundError:
+                continue
             try:
                 os.fsync(fd)
             finally:
