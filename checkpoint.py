@@ -31,7 +31,7 @@ from checks import fail, first_line
 from envs import ENVS, env_class, parse_env_args
 from evaluate import complete
 from fsdp import _local, all_reduce, barrier, full_parameters
-from records import write_whole
+from records import set_aside, write_whole
 
 # a plain CPU run saves and loads its checkpoint in one process on purpose: dcp's warning about it is
 # noise on every save, and the line before a resume's one-line error
@@ -534,8 +534,10 @@ def kept_log(path, upto, last_line=None):
 def open_metrics_log(out_dir, kept, start):
     """out_dir/metrics.jsonl, ready for records.append_lines (rank 0) -> its path. A fresh run starts
     it empty; a resumed one keeps the lines of the iterations its checkpoint holds (`kept`, from
-    kept_log) and drops the rest."""
+    kept_log) and moves the rest, which it redoes, to metrics.redone.jsonl."""
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, "metrics.jsonl")
+    if start:
+        set_aside(path, start)
     write_whole(path, "".join(kept) if start else "")
     return path

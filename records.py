@@ -50,6 +50,23 @@ def write_whole(path, text):
         fail(f"cannot write {path} ({os_error(e)}); it is left as it was")
 
 
+def set_aside(path, upto):
+    """The lines of a log (metrics.jsonl, episodes.jsonl) from iterations after `upto`, which a resume
+    redoes, appended to its .redone.jsonl twin before the log drops them: the last iterations before a
+    crash stay readable. A line a crash cut short is no record and is not kept."""
+    if not os.path.exists(path):
+        return
+    later = []
+    for line in open(path):
+        try:
+            if json.loads(line)["iteration"] > upto:
+                later.append(line)
+        except (ValueError, KeyError, TypeError):
+            pass
+    if later:
+        append_lines(path.removesuffix(".jsonl") + ".redone.jsonl", "".join(later))
+
+
 def os_error(e):
     """An OSError in words for a one-line error: 'no space left on device' for a full disk."""
     return "no space left on device" if e.errno == errno.ENOSPC else e.strerror or str(e)
@@ -130,14 +147,15 @@ def episodes(samples, tok, iteration, split, adv=None, parts=None, max_episodes=
 
 class EpisodeLog:
     """Appends episode records to out_dir/episodes.jsonl until it holds max_mb MiB. A run resumed
-    at iteration `start` keeps the records of iterations <= start (as its metrics log); a new run
-    starts the file afresh."""
+    at iteration `start` keeps the records of iterations <= start (as its metrics log; the later ones
+    go to episodes.redone.jsonl); a new run starts the file afresh."""
 
     def __init__(self, out_dir, max_mb, start=0):
         self.path, self.cap, self.full = os.path.join(out_dir, "episodes.jsonl"), max_mb << 20, False
         if os.path.exists(self.path):
             kept = []
             if start:
+                set_aside(self.path, start)
                 for line in open(self.path):
                     try:
                         if json.loads(line)["iteration"] <= start:

@@ -205,6 +205,21 @@ def test_a_truncated_last_line_of_the_checkpoints_iteration_is_restored(run):
     assert (run / "metrics.jsonl").read_text().splitlines(keepends=True)[1] == lines[1]
 
 
+def test_the_lines_a_resume_redoes_are_kept_aside(run):
+    """A crash after iteration 3's log lines, before its save: resume redoes iteration 3 and its logs
+    drop the old lines, which used to be lost (a run's last iterations before a crash, say a
+    diverging loss); they go to the logs' .redone.jsonl twins, a half-written line left out."""
+    m, e = run / "metrics.jsonl", run / "episodes.jsonl"
+    old_m = json.dumps({**json.loads(m.read_text().splitlines()[-1]), "iteration": 3, "loss": 123.0}) + "\n"
+    old_e = json.dumps({"iteration": 3, "traj": 0, "steps": []}) + "\n"
+    m.write_text(m.read_text() + old_m + '{"iteration": 4, "lo')
+    e.write_text(e.read_text() + old_e)
+    train.main([*ARGS, "--iterations", "3", "--out_dir", str(run), "--resume", "1"])
+    assert iterations(run) == [1, 2, 3] and old_m not in m.read_text() and old_e not in e.read_text()
+    assert (run / "metrics.redone.jsonl").read_text() == old_m
+    assert (run / "episodes.redone.jsonl").read_text() == old_e
+
+
 def test_save_every_checkpoints_between_evals_and_resume_goes_on_from_there(tmp_path, monkeypatch):
     """--save_every k: a checkpoint every k iterations too, evaluated or not (a lost host then costs
     fewer than k iterations); without it only evals and the end save. It leaves the training as it
