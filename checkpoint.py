@@ -172,14 +172,8 @@ def _fsync_tree(path, deep=True):
     full disk found only now) raises, a file gone meanwhile (a temp name renamed) is passed over."""
     for root, dirs, files in os.walk(path):
         for name in files:
-            try:
-                fd = os.open(os.path.join(root, name), os.O_RDONLY)
-            except FileNotFoundError:
-                continue
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            with contextlib.suppress(FileNotFoundError):
+                _fsync_path(os.path.join(root, name))
         _fsync(root)
         if not deep:
             dirs.clear()
@@ -189,14 +183,18 @@ def _fsync(folder):
     """fsync a folder's entries -> False where the disk failed (EIO); a file system that cannot sync a
     folder (EINVAL and the like) counts as done, or every save would keep its old copy there."""
     try:
-        fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        _fsync_path(folder)
     except OSError as e:
         return e.errno != errno.EIO
     return True
+
+
+def _fsync_path(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def checkpoint_path(out_dir):

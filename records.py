@@ -60,7 +60,7 @@ def set_aside(path, upto):
     for line in open(path):
         try:
             if json.loads(line)["iteration"] > upto:
-                later.append(line)
+                later.append(line if line.endswith("\n") else line + "\n")
         except (ValueError, KeyError, TypeError):
             pass
     if later:
