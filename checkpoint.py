@@ -536,6 +536,6 @@ def open_metrics_log(out_dir, kept, start):
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, "metrics.jsonl")
     if start:
-        set_aside(path, start)
+        set_aside(path, start)  # the later lines, to metrics.redone.jsonl; `kept` (kept_log's) is written
     write_whole(path, "".join(kept) if start else "")
     return path

@@ -51,20 +51,19 @@ def write_whole(path, text):
 
 
 def set_aside(path, upto):
-    """The lines of a log (metrics.jsonl, episodes.jsonl) from iterations after `upto`, which a resume
-    redoes, appended to its .redone.jsonl twin before the log drops them: the last iterations before a
-    crash stay readable. A line a crash cut short is no record and is not kept."""
-    if not os.path.exists(path):
-        return
-    later = []
-    for line in open(path):
+    """A log (metrics.jsonl, episodes.jsonl) split at iteration `upto` -> its lines up to it; the later
+    ones, which a resume redoes, are appended to its .redone.jsonl twin before the log drops them, so
+    the last iterations before a crash stay readable. A line a crash cut short is no record: in neither."""
+    kept, later = [], []
+    for line in open(path) if os.path.exists(path) else []:
         try:
-            if json.loads(line)["iteration"] > upto:
-                later.append(line if line.endswith("\n") else line + "\n")
+            it = json.loads(line)["iteration"]
         except (ValueError, KeyError, TypeError):
-            pass
+            continue
+        (kept if it <= upto else later).append(line if line.endswith("\n") else line + "\n")
     if later:
         append_lines(path.removesuffix(".jsonl") + ".redone.jsonl", "".join(later))
+    return kept
 
 
 def os_error(e):
@@ -153,16 +152,7 @@ class EpisodeLog:
     def __init__(self, out_dir, max_mb, start=0):
         self.path, self.cap, self.full = os.path.join(out_dir, "episodes.jsonl"), max_mb << 20, False
         if os.path.exists(self.path):
-            kept = []
-            if start:
-                set_aside(self.path, start)
-                for line in open(self.path):
-                    try:
-                        if json.loads(line)["iteration"] <= start:
-                            kept.append(line)
-                    except (json.JSONDecodeError, KeyError):  # a line a crash cut short
-                        pass
-            write_whole(self.path, "".join(kept))
+            write_whole(self.path, "".join(set_aside(self.path, start)) if start else "")
 
     def write(self, records):
         if self.full or not records:
