@@ -85,7 +85,8 @@ def run_one(k, name, flags, seed, args):
     ]
     time.sleep(k % args.parallel * args.stagger if k < args.parallel else 0)
     t0 = time.time()
-    with open(out + ".log", "w") as log:  # on GPU each run is its own world of 1 (a free port each)
+    # "a": a rerun into the same --out appends, so the log of an earlier failed start is kept
+    with open(out + ".log", "a") as log:  # on GPU each run is its own world of 1 (a free port each)
         rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode
     print(f"{name} seed {seed}: rc {rc}, {time.time() - t0:.0f}s", flush=True)
     return name, seed, out, rc
