@@ -73,7 +73,7 @@ ARM_FLAGS = (
 
 
 BLOCK = 15  # iterations a block of the training-success trajectory in OUT/pair.md (75 = 5 blocks)
-SAVE_EVERY = 3  # a long pair's arms checkpoint every 3 iterations (~4 min on an H100), each in the carry
+SAVE_EVERY = 1  # a long pair's arms checkpoint every iteration (~1.5 min on an H100), each in the carry
 POLL = 20  # seconds between looks at the arms' checkpoints
 STAGE_FLAGS = ("games", "epochs", "bc_flags", "lora_rank")  # what OUT's expert data and clone are made with
 
@@ -149,6 +149,8 @@ def replicate(args, extra):
             cmd = ["-m", "bench.bc", "--train", data, "--model", args.model, "--out", clone]
             run([*cmd, "--epochs", str(args.epochs), *lora, *args.bc_flags.split()], log)
         print(f"clone: {clone}, {time.time() - t0:.0f} s in")
+        if args.lora_rank:  # the expert data and the clone's adapter: a host lost from here keeps them
+            carry(out, args.arms, with_ckpt=True)
     evals = {"clone": os.path.join(out, "clone_eval")}
     timing = os.path.join(evals["clone"], "eval_seconds.txt")
     try:  # the clone's eval time (an earlier call's), which the arms of a replicate leave for their evals
@@ -275,15 +277,17 @@ def compile_caches(run_dir):
 
 def wait_for_arms(out, procs, arms, refresh):
     """Wait for the arms' processes -> the arms that failed. refresh (a long pair): OUT/carry.tgz is
-    written again each time an arm's checkpoint moves on, so a host lost mid-session costs only the
-    iterations since (copy carry.tgz off as it changes)."""
-    seen, running = checkpoints(out, arms), list(procs.values())
+    written again each time an arm's checkpoint moves on or the clone's eval (beside them) becomes
+    whole, so a host lost mid-session costs only the iterations since (copy carry.tgz off as it
+    changes)."""
+    state = lambda: (checkpoints(out, arms), evaluate.complete(os.path.join(out, "clone_eval")))  # noqa: E731
+    seen, running = state(), list(procs.values())
     while running:
         try:
             running[0].wait(timeout=POLL)  # returns as soon as it ends
         except subprocess.TimeoutExpired:
             pass
-        running, now = [p for p in running if p.poll() is None], checkpoints(out, arms)
+        running, now = [p for p in running if p.poll() is None], state()
         if refresh and now != seen and carry(out, arms, with_ckpt=True):
             seen = now
     return [arm for arm, p in procs.items() if p.returncode]

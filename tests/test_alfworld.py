@@ -715,13 +715,16 @@ def test_a_long_pairs_carry_follows_each_checkpoint_and_never_packs_two_saves(tm
     monkeypatch.undo()
 
     class Arm:  # a process that is running for its first polls
-        def __init__(self, polls, saves=None):
-            self.polls, self.saves, self.returncode = polls, saves, None
+        def __init__(self, polls, saves=None, clone_eval_at=None):
+            self.polls, self.saves, self.clone_eval_at, self.returncode = polls, saves, clone_eval_at, None
 
         def poll(self):
             self.polls -= 1
             if self.polls == 2 and self.saves:  # it saves a checkpoint between two looks
                 fake_checkpoint(out / self.saves, 9)
+            if self.polls == self.clone_eval_at:  # the clone's eval, beside the arms, ends
+                (out / "clone_eval").mkdir()
+                (out / "clone_eval" / "eval.json").write_text(json.dumps({"complete": True}))
             self.returncode = 0 if self.polls < 0 else None
             return self.returncode
 
@@ -738,6 +741,12 @@ def test_a_long_pairs_carry_follows_each_checkpoint_and_never_packs_two_saves(tm
     assert carried == [1]  # once: at the save, not at every look
     with tarfile.open(out / "carry.tgz") as tar:
         assert json.load(tar.extractfile("grpo/ckpt/meta.json"))["iteration"] == 9
+    carried.clear()
+    arms = {"gigpo": Arm(6, clone_eval_at=4), "grpo": Arm(6)}
+    assert pair.wait_for_arms(str(out), arms, pair.ARMS, refresh=True) == []
+    assert carried == [1]  # the clone's eval became whole: carried at once, not at the next save
+    with tarfile.open(out / "carry.tgz") as tar:
+        assert "clone_eval/eval.json" in tar.getnames()
 
 
 def test_pair_with_lora_goes_on_on_another_machine_from_its_carry(
@@ -759,8 +768,14 @@ def test_pair_with_lora_goes_on_on_another_machine_from_its_carry(
         *"--lora_rank 2 --games 2 --procs 2 --engine hf --env_workers 0 --max_response_tokens 4".split(),
         *"--eval_episodes 1 --n_groups 1 --group_size 2 --env_args max_steps=2 --threads 1".split(),
     ]
+    packs, real_carry = [], pair.carry
+    monkeypatch.setattr(
+        pair, "carry", lambda o, *a, **k: packs.append(sorted(os.listdir(o))) or real_carry(o, *a, **k)
+    )
     pair.main(["--model", str(tmp_path / "tiny"), "--out", str(out), *flags, "--iterations", "1"])
     assert (out / "pair.md").exists() and (out / "carry.tgz").stat().st_size < 2**20
+    assert "clone" in packs[0] and "gigpo" not in packs[0]  # packed once the clone is made, before the arms
+    monkeypatch.setattr(pair, "carry", real_carry)
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/tmp/torchinductor_x")  # torch's own, once it compiles
     env = pair.compile_caches(str(out / "gigpo"))  # the arms' caches (compiled on a GPU), in the carry
     assert env["VLLM_CACHE_ROOT"] == str(out / "gigpo" / "compile_cache" / "vllm")
