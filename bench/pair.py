@@ -49,6 +49,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -56,6 +57,7 @@ import tarfile
 import time
 
 import checkpoint
+import checks
 import evaluate
 import plots
 import records
@@ -180,6 +182,8 @@ def replicate(args, extra):
             kept = next(f"{run_dir}.cut{k}" for k in range(1, 999) if not os.path.exists(f"{run_dir}.cut{k}"))
             os.rename(run_dir, kept)
             print(f"{arm}: a run cut short before its checkpoint is kept in {kept}; starting it again")
+        if args.caches and not resume:
+            seed_caches(args.caches, run_dir, arm)
         cmd = ["train.py", "--env", "alfworld", "--model", clone, "--algo", arm, "--out_dir", run_dir]
         limit = ["--time_limit", f"{minutes:.2f}"] if minutes else []
         saves = ["--save_every", str(SAVE_EVERY)] if args.lora_rank else []  # carried as they come
@@ -273,6 +277,31 @@ def compile_caches(run_dir):
         "TORCHINDUCTOR_CACHE_DIR": os.path.join(cache, "inductor"),
         "VLLM_CACHE_ROOT": os.path.join(cache, "vllm"),
     }
+
+
+def seed_caches(src, run_dir, arm):
+    """A fresh arm starts with the compile caches of an earlier replicate's same arm (--caches SRC: its
+    OUT folder or carry.tgz): the graphs are the same for every clone of one model, so its engine's
+    start and first update load kernels instead of compiling them."""
+    name, dst = f"{arm}/compile_cache", os.path.join(run_dir, "compile_cache")
+    if os.path.isdir(src):
+        if not os.path.isdir(os.path.join(src, name)):
+            sys.exit(f"error: bench.pair: --caches {src} has no {name}: give an earlier replicate's OUT")
+        shutil.copytree(os.path.join(src, name), dst, dirs_exist_ok=True)
+    else:
+        try:
+            with tarfile.open(src) as tar:
+                members = [m for m in tar.getmembers() if m.name == name or m.name.startswith(name + "/")]
+                tar.extractall(os.path.dirname(run_dir), members=members, filter="data")
+        except (OSError, tarfile.TarError) as e:
+            sys.exit(
+                f"error: bench.pair: --caches {src}: {checks.first_line(e)}: give an earlier replicate's OUT "
+                "or carry.tgz"
+            )
+        if not members:
+            sys.exit(f"error: bench.pair: --caches {src} has no {name}: give an earlier replicate's carry")
+    n = sum(len(files) for _, _, files in os.walk(dst))
+    print(f"{arm}: {n} compile cache files from {src}")
 
 
 def wait_for_arms(out, procs, arms, refresh):
@@ -444,6 +473,11 @@ def main(argv=None):
         help="clone and arms as LoRA adapters of this rank: their checkpoints are MBs, so a long pair "
         "goes on across machines (OUT/carry.tgz)",
     )
+    ap.add_argument(
+        "--caches",
+        metavar="SRC",
+        help="an earlier replicate's OUT or carry.tgz (--lora_rank): new arms start with its compile caches",
+    )
     ap.add_argument("--report", nargs="+", metavar="OUT", help="pool these replicates' folders instead")
     args, extra = ap.parse_known_args(argv)
     if args.report:
@@ -454,6 +488,15 @@ def main(argv=None):
         sys.exit("error: bench.pair: give --model DIR and --out DIR (or --report OUT ...)")
     if args.games < 1 or args.procs < 1 or args.epochs < 1 or args.minutes < 0:
         sys.exit("error: bench.pair: --games, --procs and --epochs must be >= 1, --minutes >= 0")
+    if args.caches and not (args.lora_rank and os.path.exists(args.caches)):
+        sys.exit(
+            f"error: bench.pair: --caches {args.caches}: "
+            + (
+                "not found"
+                if args.lora_rank
+                else "needs --lora_rank (only its arms keep their caches in OUT)"
+            )
+        )
     args.out, args.model = os.path.abspath(args.out), os.path.abspath(args.model)
     try:
         replicate(args, extra)

@@ -749,6 +749,32 @@ def test_a_long_pairs_carry_follows_each_checkpoint_and_never_packs_two_saves(tm
         assert "clone_eval/eval.json" in tar.getnames()
 
 
+def test_pair_caches_are_an_earlier_replicates_and_a_bad_one_is_one_line(tmp_path, capsys):
+    """--caches SRC (an earlier replicate's OUT or carry.tgz) seeds a new arm's compile caches; a SRC
+    without them, a broken archive, or no --lora_rank (whose arms alone read OUT/ARM/compile_cache) is
+    one line, before anything runs."""
+    from bench import pair
+
+    (tmp_path / "old" / "grpo" / "compile_cache" / "inductor").mkdir(parents=True)
+    (tmp_path / "old" / "grpo" / "compile_cache" / "inductor" / "k").write_text("kernel")
+    pair.seed_caches(str(tmp_path / "old"), str(tmp_path / "new" / "grpo"), "grpo")
+    assert (tmp_path / "new" / "grpo" / "compile_cache" / "inductor" / "k").read_text() == "kernel"
+    (tmp_path / "broken.tgz").write_bytes(b"not a tar")
+    for src, arm in ((tmp_path / "old", "gigpo"), (tmp_path / "broken.tgz", "grpo")):
+        with pytest.raises(SystemExit) as e:
+            pair.seed_caches(str(src), str(tmp_path / "new" / arm), arm)
+        assert str(e.value).startswith(f"error: bench.pair: --caches {src}") and "\n" not in str(e.value)
+    base = ["--model", str(tmp_path), "--out", str(tmp_path / "out")]
+    for flags, why in (
+        (["--caches", str(tmp_path / "old")], "needs --lora_rank"),
+        (["--caches", "x", "--lora_rank", "2"], "not found"),
+    ):
+        with pytest.raises(SystemExit) as e:
+            pair.main([*base, *flags])
+        assert why in str(e.value)
+    assert not (tmp_path / "out").exists()
+
+
 def test_pair_with_lora_goes_on_on_another_machine_from_its_carry(
     data_dir, tiny_model, tmp_path, monkeypatch
 ):
@@ -768,6 +794,12 @@ def test_pair_with_lora_goes_on_on_another_machine_from_its_carry(
         *"--lora_rank 2 --games 2 --procs 2 --engine hf --env_workers 0 --max_response_tokens 4".split(),
         *"--eval_episodes 1 --n_groups 1 --group_size 2 --env_args max_steps=2 --threads 1".split(),
     ]
+    with tarfile.open(tmp_path / "earlier.tgz", "w:gz") as tar:  # an earlier replicate's carry
+        for arm in pair.ARMS:
+            (tmp_path / "earlier" / arm / "compile_cache" / "vllm").mkdir(parents=True)
+            (tmp_path / "earlier" / arm / "compile_cache" / "vllm" / "g").write_text(f"{arm}'s graph")
+            tar.add(tmp_path / "earlier" / arm, arcname=arm)
+    flags.append(f"--caches={tmp_path / 'earlier.tgz'}")
     packs, real_carry = [], pair.carry
     monkeypatch.setattr(
         pair, "carry", lambda o, *a, **k: packs.append(sorted(os.listdir(o))) or real_carry(o, *a, **k)
@@ -776,6 +808,9 @@ def test_pair_with_lora_goes_on_on_another_machine_from_its_carry(
     assert (out / "pair.md").exists() and (out / "carry.tgz").stat().st_size < 2**20
     assert "clone" in packs[0] and "gigpo" not in packs[0]  # packed once the clone is made, before the arms
     monkeypatch.setattr(pair, "carry", real_carry)
+    for arm in pair.ARMS:  # the new arms started with the earlier replicate's caches
+        assert (out / arm / "compile_cache" / "vllm" / "g").read_text() == f"{arm}'s graph"
+    flags.pop()
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/tmp/torchinductor_x")  # torch's own, once it compiles
     env = pair.compile_caches(str(out / "gigpo"))  # the arms' caches (compiled on a GPU), in the carry
     assert env["VLLM_CACHE_ROOT"] == str(out / "gigpo" / "compile_cache" / "vllm")
