@@ -26,7 +26,8 @@ What a lost host costs: the stage it was in (a clone is whole once its tokenizer
 there; an eval once its eval.json says "complete"). Small files to copy off as they appear: bc.jsonl (a
 few MB), clone_eval/eval.json, the arms' metrics.jsonl (one line an iteration) and ARM_eval/. In a
 long pair (below) the arms also save every SAVE_EVERY iterations and OUT/carry.tgz is rewritten
-after each save, so there a lost host costs the iterations since the last one.
+once the clone is made, once its eval is whole and after each save, so there a lost host costs the
+iterations since the last one. --caches OUT1: a later replicate's arms start with OUT1's compile caches.
 
 A long pair over several machines (--lora_rank R): the clone and both arms train LoRA adapters, so
 everything a replicate needs is MBs, packed in OUT/carry.tgz after every run (expert data, the
@@ -282,7 +283,7 @@ def compile_caches(run_dir):
 def seed_caches(src, run_dir, arm):
     """A fresh arm starts with the compile caches of an earlier replicate's same arm (--caches SRC: its
     OUT folder or carry.tgz): the graphs are the same for every clone of one model, so its engine's
-    start and first update load kernels instead of compiling them."""
+    start and first update load kernels instead of compiling them (what does not match is compiled)."""
     name, dst = f"{arm}/compile_cache", os.path.join(run_dir, "compile_cache")
     if os.path.isdir(src):
         if not os.path.isdir(os.path.join(src, name)):
