@@ -19,8 +19,10 @@ too); logprobs is None where the engine was not asked for them (VLLMEngine's log
 
 import contextlib
 import copy
+import hashlib
 import os
 import random
+import shutil
 import sys
 import tempfile
 
@@ -177,6 +179,28 @@ class HFEngine(Engine):
         return results
 
 
+def config_folder(config):
+    """vLLM's model folder: the config alone (the weights are pushed after the start). vLLM keys its
+    compile cache by this path too (ModelConfig.model), and the trainer's compiled kernels go beside
+    (vLLM points TORCHINDUCTOR_CACHE_DIR into that cache), so it is named by the config's content:
+    a later start of the same model finds both caches, where a fresh temp name compiled all again."""
+    tmp = tempfile.mkdtemp(prefix="vllm-config-")
+    config.save_pretrained(tmp)
+    text = open(os.path.join(tmp, "config.json"), "rb").read()
+    folder = os.path.join(tempfile.gettempdir(), "vllm-config-" + hashlib.sha256(text).hexdigest()[:16])
+    try:
+        os.rename(tmp, folder)  # fails where it is there already (an earlier start; another run now)
+    except OSError:
+        pass
+    try:
+        if open(os.path.join(folder, "config.json"), "rb").read() == text:
+            shutil.rmtree(tmp, ignore_errors=True)
+            return folder
+    except OSError:
+        pass
+    return tmp  # a folder of that name holding something else: this start's own, as before
+
+
 class VLLMEngine(Engine):
     """vLLM in this process, on the training device, with its own copy of the weights.
 
@@ -216,8 +240,7 @@ class VLLMEngine(Engine):
         self.SamplingParams, self.eos, self.logp_every = SamplingParams, eos_id, logp_every
         self.final_only, self.submitted, self.keys = RequestOutputKind.FINAL_ONLY, 0, {}
         self.max_len = context_length(model.config)
-        folder = tempfile.mkdtemp(prefix="vllm-config-")
-        model.config.save_pretrained(folder)
+        folder = config_folder(model.config)
         cpu = next(model.parameters()).device.type == "cpu"
         self.gpu = not cpu
         self.sleeps = self.gpu and (bool(gpu_memory_utilization) if sleep is None else sleep)

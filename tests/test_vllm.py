@@ -4,6 +4,7 @@ vLLM allows one live engine per process here, so the module shares one (on its o
 the tests train); bad input is checked through train.py in a subprocess, as a user meets it.
 """
 
+import copy
 import json
 import os
 import random
@@ -39,6 +40,30 @@ def setup():
     torch.set_num_threads(2)  # vLLM would have made this a no-op
     assert torch.get_num_threads() == 2
     return model.eval(), tok, engine
+
+
+def test_the_model_folder_is_named_by_its_config_so_a_compile_cache_is_found_again(setup, monkeypatch):
+    """vLLM keys its compile cache (and the trainer's kernels, kept beside it) by the model folder's
+    path: the engine names that folder by the config's content, so the next start of the same model
+    finds the cache; another config gets another folder; one of that name holding something else is
+    not used."""
+    from engine import config_folder
+
+    model, _, engine = setup
+    folder = config_folder(model.config)
+    assert engine.llm.llm_engine.model_config.model == folder
+    assert config_folder(copy.deepcopy(model.config)) == folder
+    other = copy.deepcopy(model.config)
+    other.num_hidden_layers += 1
+    assert config_folder(other) != folder
+    monkeypatch.setattr(tempfile, "tempdir", tempfile.mkdtemp())
+    stale = config_folder(model.config)
+    with open(os.path.join(stale, "config.json"), "w") as f:
+        f.write("{}")
+    fresh = config_folder(model.config)
+    assert (
+        fresh != stale and json.load(open(os.path.join(fresh, "config.json"))) == model.config.to_diff_dict()
+    )
 
 
 def treasure_prompts(tok):
