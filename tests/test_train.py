@@ -22,28 +22,43 @@ def run_train(*args, timeout=600):
     )
 
 
-@pytest.mark.parametrize(
-    "args, words",
-    [
-        (["--bogus", "1"], "unknown flag --bogus"),
-        (["--env", "chess"], "--env"),
-        (["--memory", "diary"], "--memory"),
-        (["--algo", "dqn"], "--algo"),
-        (["--loss", "grpo"], "--loss"),
-        (["--group_size", "1"], "--group_size"),
-        (["--mini_batch", "0"], "--mini_batch"),
-        (["--micro_batch_tokens", "0"], "--micro_batch_tokens"),
-        (["--lr", "fast"], "--lr wants a float"),
-        (["--env_args", "size=5,colour=red"], "--env_args"),
-        (["--env_args", "size=1"], "--env_args"),
-        (["--lora_rank", "-1"], "--lora_rank"),
-        (["--prompt", "choice"], "--prompt choice: prompts/treasure.py has the variants chat"),
-        (["--iterations"], "needs a value"),
-        (["--compile", "yes"], "unknown compile 'yes': use --compile with one of auto, 1, 0"),
-    ],
-)
-def test_bad_input_is_one_line_before_work(args, words):
-    r = run_train(*args, timeout=60)
+BAD_INPUT = [
+    (["--bogus", "1"], "unknown flag --bogus"),
+    (["--env", "chess"], "--env"),
+    (["--memory", "diary"], "--memory"),
+    (["--algo", "dqn"], "--algo"),
+    (["--loss", "grpo"], "--loss"),
+    (["--group_size", "1"], "--group_size"),
+    (["--mini_batch", "0"], "--mini_batch"),
+    (["--micro_batch_tokens", "0"], "--micro_batch_tokens"),
+    (["--lr", "fast"], "--lr wants a float"),
+    (["--env_args", "size=5,colour=red"], "--env_args"),
+    (["--env_args", "size=1"], "--env_args"),
+    (["--lora_rank", "-1"], "--lora_rank"),
+    (["--prompt", "choice"], "--prompt choice: prompts/treasure.py has the variants chat"),
+    (["--iterations"], "needs a value"),
+    (["--compile", "yes"], "unknown compile 'yes': use --compile with one of auto, 1, 0"),
+]
+
+
+@pytest.fixture(scope="module")
+def bad_input_runs(request):
+    """The selected BAD_INPUT cases' `python train.py` runs, started at once, 4 at a time (each is
+    mostly the interpreter's and torch's imports: ~6.5 s alone): case index -> its future."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    chosen = [
+        item.callspec.params["k"]
+        for item in request.session.items
+        if item.originalname == "test_bad_input_is_one_line_before_work"
+    ]
+    with ThreadPoolExecutor(4) as pool:
+        yield {k: pool.submit(run_train, *BAD_INPUT[k][0], timeout=180) for k in chosen}
+
+
+@pytest.mark.parametrize("k", range(len(BAD_INPUT)), ids=[" ".join(a) for a, _ in BAD_INPUT])
+def test_bad_input_is_one_line_before_work(k, bad_input_runs):
+    words, r = BAD_INPUT[k][1], bad_input_runs[k].result()
     assert r.returncode != 0
     lines = [l for l in r.stderr.strip().splitlines() if l]
     assert len(lines) == 1 and words in lines[0] and "Traceback" not in r.stderr
