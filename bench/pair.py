@@ -1,7 +1,7 @@
 """One ALFWorld replicate in a fixed time: expert data, a clone, GiGPO and GRPO from it side by side on
 one GPU, both splits evaluated, each paired game by game against the clone; and the pooled report.
 
-    python -m bench.pair --model SMOLLM2 --out out/pair1 --minutes 28      # one replicate, one GPU
+    python -m bench.pair --model SMOLLM2 --out out/pair1 --minutes 28 --seed 1   # replicate 1, one GPU
     python -m bench.pair --report out/pair1 out/pair2 out/pair3            # pool the replicates
     python -m bench.pair --model SMOLLM2 --out /tmp/pair --minutes 25 --lora_rank 8 --iterations 75
                                                     # a long LoRA pair: the same command on each machine
@@ -78,7 +78,7 @@ ARM_FLAGS = (
 BLOCK = 15  # iterations a block of the training-success trajectory in OUT/pair.md (75 = 5 blocks)
 SAVE_EVERY = 1  # a long pair's arms checkpoint every iteration (~1.5 min on an H100), each in the carry
 POLL = 20  # seconds between looks at the arms' checkpoints
-STAGE_FLAGS = ("games", "epochs", "bc_flags", "lora_rank")  # what OUT's expert data and clone are made with
+STAGE_FLAGS = ("games", "epochs", "bc_flags", "lora_rank", "seed")  # what OUT's data and clone are made with
 
 
 def same_stages(out, args):
@@ -95,6 +95,8 @@ def same_stages(out, args):
             sys.exit(
                 f"error: bench.pair: {out} was made with {', '.join(diff)}: give the same, or a new --out"
             )
+        if set(now) - set(before):  # an older OUT: the flags it did not record are this call's from now on
+            records.write_whole(path, json.dumps({**now, **before}))
     elif not os.path.exists(os.path.join(out, "bc.jsonl")):  # a new OUT (an older one's flags: not known)
         records.write_whole(path, json.dumps(now))
 
@@ -150,7 +152,10 @@ def replicate(args, extra):
             run(["-m", "bench.bc", "--merge", adapter, "--model", args.model, "--out", clone], log)
         else:
             cmd = ["-m", "bench.bc", "--train", data, "--model", args.model, "--out", clone]
-            run([*cmd, "--epochs", str(args.epochs), *lora, *args.bc_flags.split()], log)
+            run(
+                [*cmd, "--epochs", str(args.epochs), *lora, *args.bc_flags.split(), "--seed", str(args.seed)],
+                log,
+            )
         print(f"clone: {clone}, {time.time() - t0:.0f} s in")
         if args.lora_rank:  # the expert data and the clone's adapter: a host lost from here keeps them
             carry(out, args.arms, with_ckpt=True)
@@ -468,6 +473,13 @@ def main(argv=None):
     ap.add_argument("--start_up", type=float, default=120, help="seconds an arm takes to start (compile)")
     ap.add_argument("--arms", nargs="+", default=list(ARMS), help="train.py --algo names")
     ap.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="the replicate's seed: its clone's (bench.bc) and its arms' and evals' (train.py); "
+        "replicate k of a pooled report: its own seed, else the replicates differ only by GPU noise",
+    )
+    ap.add_argument(
         "--lora_rank",
         type=int,
         default=0,
@@ -481,6 +493,7 @@ def main(argv=None):
     )
     ap.add_argument("--report", nargs="+", metavar="OUT", help="pool these replicates' folders instead")
     args, extra = ap.parse_known_args(argv)
+    extra = [*extra, "--seed", str(args.seed)]  # train.py's, for the clone's eval and both arms
     if args.report:
         text = report(args.report, args.arms)
         print(text)

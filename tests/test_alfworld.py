@@ -792,7 +792,7 @@ def test_pair_with_lora_goes_on_on_another_machine_from_its_carry(
     flags = [
         "--bc_flags=--steps 2 --batch 2 --device cpu",
         *"--lora_rank 2 --games 2 --procs 2 --engine hf --env_workers 0 --max_response_tokens 4".split(),
-        *"--eval_episodes 1 --n_groups 1 --group_size 2 --env_args max_steps=2 --threads 1".split(),
+        *"--eval_episodes 1 --n_groups 1 --group_size 2 --env_args max_steps=2 --threads 1 --seed 3".split(),
     ]
     with tarfile.open(tmp_path / "earlier.tgz", "w:gz") as tar:  # an earlier replicate's carry
         for arm in pair.ARMS:
@@ -800,14 +800,23 @@ def test_pair_with_lora_goes_on_on_another_machine_from_its_carry(
             (tmp_path / "earlier" / arm / "compile_cache" / "vllm" / "g").write_text(f"{arm}'s graph")
             tar.add(tmp_path / "earlier" / arm, arcname=arm)
     flags.append(f"--caches={tmp_path / 'earlier.tgz'}")
-    packs, real_carry = [], pair.carry
+    packs, real_carry, cmds, real_run = [], pair.carry, [], pair.run
+    monkeypatch.setattr(pair, "run", lambda cmd, *a, **k: cmds.append(cmd) or real_run(cmd, *a, **k))
     monkeypatch.setattr(
         pair, "carry", lambda o, *a, **k: packs.append(sorted(os.listdir(o))) or real_carry(o, *a, **k)
     )
     pair.main(["--model", str(tmp_path / "tiny"), "--out", str(out), *flags, "--iterations", "1"])
     assert (out / "pair.md").exists() and (out / "carry.tgz").stat().st_size < 2**20
     assert "clone" in packs[0] and "gigpo" not in packs[0]  # packed once the clone is made, before the arms
+    # the replicate's seed: its clone's, its arms' and the clone eval's, kept with OUT's stage flags
+    assert json.load(open(out / "clone" / "bc.json"))["seed"] == 3
+    assert json.load(open(out / "stages.json"))["seed"] == 3
+    for run in ("gigpo/ckpt", "grpo/ckpt"):
+        assert json.load(open(out / run / "meta.json"))["config"]["seed"] == 3
+    seeds = [c[len(c) - c[::-1].index("--seed")] for c in cmds if c[0] == "train.py" or "--train" in c]
+    assert len(seeds) == 4 and set(seeds) == {"3"}  # the clone, its eval, both arms (argparse: the last wins)
     monkeypatch.setattr(pair, "carry", real_carry)
+    monkeypatch.setattr(pair, "run", real_run)
     for arm in pair.ARMS:  # the new arms started with the earlier replicate's caches
         assert (out / arm / "compile_cache" / "vllm" / "g").read_text() == f"{arm}'s graph"
     flags.pop()
