@@ -182,10 +182,14 @@ class HFEngine(Engine):
 def config_folder(config):
     """vLLM's model folder: the config alone (the weights are pushed after the start). vLLM keys its
     compile cache by this path too (ModelConfig.model), and the trainer's compiled kernels go beside
-    (vLLM points TORCHINDUCTOR_CACHE_DIR into that cache), so it is named by the config's content:
-    a later start of the same model finds both caches, where a fresh temp name compiled all again."""
+    (vLLM points TORCHINDUCTOR_CACHE_DIR into that cache). Where this process has a VLLM_CACHE_ROOT
+    of its own (bench.pair's arms: one each, carried to the next machine) the folder is named by
+    the config's content, so a later start of the same model finds both caches; elsewhere a fresh
+    name, as before (runs started together on the default root would compile into one folder)."""
     tmp = tempfile.mkdtemp(prefix="vllm-config-")
     config.save_pretrained(tmp)
+    if not os.environ.get("VLLM_CACHE_ROOT"):
+        return tmp
     text = open(os.path.join(tmp, "config.json"), "rb").read()
     folder = os.path.join(tempfile.gettempdir(), "vllm-config-" + hashlib.sha256(text).hexdigest()[:16])
     try:

@@ -33,6 +33,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def setup():
     """(model, tokenizer, engine); also checks that starting vLLM kept torch's RNG and threads."""
     model, tok = build_tiny("treasure", seed=1)
+    os.environ["VLLM_CACHE_ROOT"] = tempfile.mkdtemp()  # its own cache root, as bench.pair's arms have
     torch.set_num_threads(1)
     rng = torch.get_rng_state()
     engine = VLLMEngine(model, tok.eos_token_id, kv_cache_mb=64, gpu_memory_utilization=0.3)
@@ -44,9 +45,9 @@ def setup():
 
 def test_the_model_folder_is_named_by_its_config_so_a_compile_cache_is_found_again(setup, monkeypatch):
     """vLLM keys its compile cache (and the trainer's kernels, kept beside it) by the model folder's
-    path: the engine names that folder by the config's content, so the next start of the same model
-    finds the cache; another config gets another folder; one of that name holding something else is
-    not used."""
+    path: with a cache root of its own, the engine names that folder by the config's content, so the
+    next start of the same model finds the cache; another config gets another folder; one of that
+    name holding something else is not used; on the default root each start has its own, as before."""
     from engine import config_folder
 
     model, _, engine = setup
@@ -64,6 +65,8 @@ def test_the_model_folder_is_named_by_its_config_so_a_compile_cache_is_found_aga
     assert (
         fresh != stale and json.load(open(os.path.join(fresh, "config.json"))) == model.config.to_diff_dict()
     )
+    monkeypatch.delenv("VLLM_CACHE_ROOT")
+    assert config_folder(model.config) != config_folder(model.config)
 
 
 def treasure_prompts(tok):
