@@ -88,6 +88,8 @@ def same_stages(out, args):
     path, now = os.path.join(out, "stages.json"), {k: getattr(args, k) for k in STAGE_FLAGS}
     if os.path.exists(path):
         before = json.load(open(path))
+        if os.path.exists(os.path.join(out, "clone")):  # made before --seed was recorded: with seed 0
+            before = {"seed": 0, **before}
         diff = [
             f"--{k} {before[k]!r} (this call: {now[k]!r})" for k in now if k in before and before[k] != now[k]
         ]

@@ -749,6 +749,36 @@ def test_a_long_pairs_carry_follows_each_checkpoint_and_never_packs_two_saves(tm
         assert "clone_eval/eval.json" in tar.getnames()
 
 
+def test_pair_keeps_the_seed_its_clone_was_made_with(tmp_path):
+    """OUT/stages.json records --seed with the clone's flags. An older OUT's expert data (no seed
+    recorded) takes this call's; one whose clone was made before the seed was recorded had seed 0;
+    a later call with another seed is one line, before anything runs."""
+    import argparse
+
+    from bench import pair
+
+    def call(out, seed):
+        flags = dict(games=300, epochs=1, bc_flags="--lr 5e-4", lora_rank=4)
+        return pair.same_stages(str(out), argparse.Namespace(**flags, seed=seed))
+
+    for name, clone in (("data_only", False), ("with_clone", True)):
+        out = tmp_path / name
+        out.mkdir()
+        (out / "bc.jsonl").write_text("{}\n")
+        (out / "stages.json").write_text(
+            json.dumps(dict(games=300, epochs=1, bc_flags="--lr 5e-4", lora_rank=4))
+        )
+        if clone:
+            (out / "clone").mkdir()
+    call(tmp_path / "data_only", 2)
+    assert json.load(open(tmp_path / "data_only" / "stages.json"))["seed"] == 2
+    for name, seed, made in (("data_only", 3, 2), ("with_clone", 1, 0)):
+        with pytest.raises(SystemExit) as e:
+            call(tmp_path / name, seed)
+        assert f"was made with --seed {made} (this call: {seed})" in str(e.value) and "\n" not in str(e.value)
+    call(tmp_path / "with_clone", 0)
+
+
 def test_pair_caches_are_an_earlier_replicates_and_a_bad_one_is_one_line(tmp_path, capsys):
     """--caches SRC (an earlier replicate's OUT or carry.tgz) seeds a new arm's compile caches; a SRC
     without them, a broken archive, or no --lora_rank (whose arms alone read OUT/ARM/compile_cache) is
