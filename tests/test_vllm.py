@@ -33,10 +33,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def setup():
     """(model, tokenizer, engine); also checks that starting vLLM kept torch's RNG and threads."""
     model, tok = build_tiny("treasure", seed=1)
-    os.environ["VLLM_CACHE_ROOT"] = tempfile.mkdtemp()  # its own cache root, as bench.pair's arms have
     torch.set_num_threads(1)
     rng = torch.get_rng_state()
-    engine = VLLMEngine(model, tok.eos_token_id, kv_cache_mb=64, gpu_memory_utilization=0.3)
+    with pytest.MonkeyPatch.context() as mp:  # its own cache root, as bench.pair's arms have
+        mp.setenv("VLLM_CACHE_ROOT", tempfile.mkdtemp())
+        engine = VLLMEngine(model, tok.eos_token_id, kv_cache_mb=64, gpu_memory_utilization=0.3)
     assert torch.equal(torch.get_rng_state(), rng) and torch.get_num_threads() == 1
     torch.set_num_threads(2)  # vLLM would have made this a no-op
     assert torch.get_num_threads() == 2
@@ -51,6 +52,7 @@ def test_the_model_folder_is_named_by_its_config_so_a_compile_cache_is_found_aga
     from engine import config_folder
 
     model, _, engine = setup
+    monkeypatch.setenv("VLLM_CACHE_ROOT", tempfile.mkdtemp())
     folder = config_folder(model.config)
     assert engine.llm.llm_engine.model_config.model == folder
     assert config_folder(copy.deepcopy(model.config)) == folder
