@@ -416,6 +416,12 @@ def report(dirs, arms=ARMS):
     """The replicates in dirs (each with clone_eval/ and an out dir per arm) -> markdown tables."""
     runs = ("clone_eval", *arms)
     where = lambda d, k: arm_eval(d, k) if k in arms else os.path.join(d, k)  # noqa: E731
+    for d, k in ((d, k) for d in dirs for k in runs):
+        if not evaluate.complete(where(d, k)):
+            sys.exit(
+                f"error: bench.pair --report: {d} has no whole final eval of {k} ({where(d, k)}/eval.json): "
+                "its replicate has not ended; its own command goes on from where it stopped"
+            )
     evs = [{k: evaluate.load_eval(where(d, k)) for k in runs} for d in dirs]
     splits = [
         s for s in evs[0]["clone_eval"]["games"] if all(s in ev[k]["games"] for ev in evs for k in runs)
