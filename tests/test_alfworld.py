@@ -783,7 +783,7 @@ def test_pair_keeps_the_seed_its_clone_was_made_with(tmp_path):
     call(tmp_path / "with_clone", 0)
 
 
-def test_pair_caches_are_an_earlier_replicates_and_a_bad_one_is_one_line(tmp_path, capsys):
+def test_pair_caches_are_an_earlier_replicates_and_a_bad_one_is_one_line(tmp_path):
     """--caches SRC (an earlier replicate's OUT or carry.tgz) seeds a new arm's compile caches; a SRC
     without them, a broken archive, or no --lora_rank (whose arms alone read OUT/ARM/compile_cache) is
     one line, before anything runs."""
