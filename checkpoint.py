@@ -31,7 +31,7 @@ from checks import fail, first_line
 from envs import ENVS, env_class, parse_env_args
 from evaluate import complete
 from fsdp import _local, all_reduce, barrier, full_parameters
-from records import set_aside, write_whole
+from records import log_lines, set_aside, write_whole
 
 # a plain CPU run saves and loads its checkpoint in one process on purpose: dcp's warning about it is
 # noise on every save, and the line before a resume's one-line error
@@ -510,19 +510,17 @@ def kept_log(path, upto, last_line=None):
     A half-written last line (a kill mid-write) is dropped; a damaged line before it is an error.
     last_line: the checkpoint's own copy of iteration `upto`'s line, put back where the log lost it
     (a kill or a full disk cut it short after the save: dropped, it was never redone)."""
-    lines = open(path).readlines() if os.path.exists(path) else []
+    lines = list(log_lines(path))
     kept, last = [], 0
-    for k, line in enumerate(lines):
-        try:
-            it = json.loads(line)["iteration"]
-        except (ValueError, KeyError, TypeError):
+    for k, (line, it) in enumerate(lines):
+        if it is None:
             if k == len(lines) - 1:
                 break
             fail(
                 f"--resume: line {k + 1} of {path} is not a metrics line; remove it or use another --out_dir"
             )
         if it <= upto:
-            kept.append(line if line.endswith("\n") else line + "\n")
+            kept.append(line)
             last = it
     if last < upto and last_line:
         kept.append(last_line.rstrip("\n") + "\n")

@@ -50,17 +50,25 @@ def write_whole(path, text):
         fail(f"cannot write {path} ({os_error(e)}); it is left as it was")
 
 
+def log_lines(path):
+    """A log's lines as (line, ending in a newline; its iteration, None where the line is no record:
+    one a crash cut short)."""
+    for line in open(path) if os.path.exists(path) else []:
+        try:
+            it = json.loads(line)["iteration"]
+        except (ValueError, KeyError, TypeError):
+            it = None
+        yield (line if line.endswith("\n") else line + "\n"), it
+
+
 def set_aside(path, upto):
     """A log (metrics.jsonl, episodes.jsonl) split at iteration `upto` -> its lines up to it; the later
     ones, which a resume redoes, are appended to its .redone.jsonl twin before the log drops them, so
     the last iterations before a crash stay readable. A line a crash cut short is no record: in neither."""
     kept, later = [], []
-    for line in open(path) if os.path.exists(path) else []:
-        try:
-            it = json.loads(line)["iteration"]
-        except (ValueError, KeyError, TypeError):
-            continue
-        (kept if it <= upto else later).append(line if line.endswith("\n") else line + "\n")
+    for line, it in log_lines(path):
+        if it is not None:
+            (kept if it <= upto else later).append(line)
     if later:
         append_lines(path.removesuffix(".jsonl") + ".redone.jsonl", "".join(later))
     return kept

@@ -510,15 +510,12 @@ def main(argv=None):
         sys.exit("error: bench.pair: give --model DIR and --out DIR (or --report OUT ...)")
     if args.games < 1 or args.procs < 1 or args.epochs < 1 or args.minutes < 0:
         sys.exit("error: bench.pair: --games, --procs and --epochs must be >= 1, --minutes >= 0")
-    if args.caches and not (args.lora_rank and os.path.exists(args.caches)):
+    if args.caches and not args.lora_rank:
         sys.exit(
-            f"error: bench.pair: --caches {args.caches}: "
-            + (
-                "not found"
-                if args.lora_rank
-                else "needs --lora_rank (only its arms keep their caches in OUT)"
-            )
+            f"error: bench.pair: --caches {args.caches} needs --lora_rank (only its arms keep caches in OUT)"
         )
+    if args.caches and not os.path.exists(args.caches):
+        sys.exit(f"error: bench.pair: --caches {args.caches}: not found")
     args.out, args.model = os.path.abspath(args.out), os.path.abspath(args.model)
     try:
         replicate(args, extra)
