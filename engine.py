@@ -25,6 +25,7 @@ import random
 import shutil
 import sys
 import tempfile
+import time
 
 import numpy as np
 import torch
@@ -56,7 +57,7 @@ class Engine:
     overrides what it does differently; the rest are no-ops."""
 
     name, max_len, own_model, shares_layers, tears_down_dist = "engine", None, None, False, False
-    queue = ()
+    queue, started = (), ""  # started: how the start went, for the set-up line (vLLM's seconds, cache)
 
     def generate(self, prompts, temperature=1.0, top_p=1.0, max_tokens=16):
         raise NotImplementedError
@@ -205,6 +206,15 @@ def config_folder(config):
     return tmp  # a folder of that name holding something else: this start's own, as before
 
 
+def cache_files():
+    """Files in vLLM's cache root (VLLM_CACHE_ROOT, else XDG_CACHE_HOME or ~/.cache, /vllm). The set-up
+    line shows how many a start added: a start that compiles writes its graphs and kernels there, one
+    that finds them should write few (tells whether a carried cache was used)."""
+    cache_home = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    root = os.environ.get("VLLM_CACHE_ROOT") or os.path.join(cache_home, "vllm")
+    return sum(len(files) for _, _, files in os.walk(root))
+
+
 class VLLMEngine(Engine):
     """vLLM in this process, on the training device, with its own copy of the weights.
 
@@ -272,6 +282,7 @@ class VLLMEngine(Engine):
             else {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}
         )
         # no second try after a failure on GPU: vLLM's sleep-mode allocator serves one engine per process
+        cache, t0 = cache_files(), time.perf_counter()
         try:
             self.llm = (
                 LLM(folder, enforce_eager=True, **kw) if cpu else LLM(folder, compilation_config=graphs, **kw)
@@ -281,6 +292,8 @@ class VLLMEngine(Engine):
             set_threads(threads)
             torch.set_rng_state(rng[0]), random.setstate(rng[1]), np.random.set_state(rng[2])
         self.threads = threads  # vLLM's CPU kernels were set up for this many; see _threads
+        added = cache_files() - cache
+        self.started = f"vLLM's start {time.perf_counter() - t0:.1f}, +{added} compile-cache files"
         head, embed = model.get_output_embeddings(), model.get_input_embeddings()
         names = {m: n for n, m in model.named_modules()}
         tied = head is not None and head.weight is embed.weight

@@ -250,14 +250,16 @@ class RandomBaseline(threading.Thread):
             self.error = e
         self.seconds = time.perf_counter() - self.t0
 
-    def set_up(self, print0, t_set_up):
-        """Prints the set-up's seconds (t_set_up: when main started, built the envs, built the policy)
-        and how the random play stands. Training goes on beside it where the envs run in worker
-        processes; in-process envs (--env_workers 0) wait for it here, as their libraries' state may
-        be shared with the play's (TextWorld's planner is not thread-safe)."""
+    def set_up(self, print0, t_set_up, engine):
+        """Prints the set-up's seconds (t_set_up: when main started, built the envs, built the policy;
+        engine: the one built, its start's note) and how the random play stands. Training goes on
+        beside it where the envs run in worker processes; in-process envs (--env_workers 0) wait for
+        it here, as their libraries' state may be shared with the play's (TextWorld's planner is not
+        thread-safe)."""
         if not self.cfg.env_workers:
             self.result(print0)
         parts = [f"{k} {v:.1f}" for k, v in zip(("checks and envs", "model and engine"), np.diff(t_set_up))]
+        parts[-1] += f" ({engine.started})" if engine.started else ""
         going = "kept in the checkpoint" if self.kept else "playing on beside the first iterations"
         if self.seconds is not None:
             going = f"played in {self.seconds:.1f} beside them"

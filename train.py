@@ -229,7 +229,7 @@ def main(argv=None):
     extra = {"critic": critic} if critic else None
     start = resume(cfg, meta, model, opt, sched, rank, extra, engine, print0) if meta else 0
     t_set_up.append(time.perf_counter())
-    random_play.set_up(print0, t_set_up)
+    random_play.set_up(print0, t_set_up, engine)
     log = open_metrics_log(cfg.out_dir, kept, start) if rank == 0 else None
     wandb = records.open_wandb(cfg) if cfg.wandb and rank == 0 else None
     episode_log = records.EpisodeLog(cfg.out_dir, records.LOG_MB, start) if rank == 0 else None
@@ -431,7 +431,8 @@ def evaluate_only(cfg, rank, device, eval_envs, prompt):
     rates = evaluate(tok, cfg, eval_envs, prompt, engine, ahead=ahead) if rank == 0 else None
     if rank == 0:
         print(
-            f"seconds: model and engine {t1 - t0:.1f}, the eval (its envs too) {time.perf_counter() - t1:.1f}"
+            f"seconds: model and engine {t1 - t0:.1f}{f' ({engine.started})' if engine.started else ''}, "
+            f"the eval (its envs too) {time.perf_counter() - t1:.1f}"
         )
         print(
             f"eval-only success {rates and success_text(rates)} ({eval_what(cfg)}; model {cfg.model}, "

@@ -8,6 +8,7 @@ import copy
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 import tempfile
@@ -27,6 +28,7 @@ from tiny import build_tiny  # noqa: E402
 from train import Config  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CACHE_ROOT = tempfile.mkdtemp()  # the module engine's VLLM_CACHE_ROOT
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +38,10 @@ def setup():
     torch.set_num_threads(1)
     rng = torch.get_rng_state()
     with pytest.MonkeyPatch.context() as mp:  # its own cache root, as bench.pair's arms have
-        mp.setenv("VLLM_CACHE_ROOT", tempfile.mkdtemp())
+        mp.setenv("VLLM_CACHE_ROOT", CACHE_ROOT)
+        os.makedirs(os.path.join(CACHE_ROOT, "earlier"))
+        for i in range(5):  # files an earlier start left: not counted as this start's
+            open(os.path.join(CACHE_ROOT, "earlier", str(i)), "w").close()
         engine = VLLMEngine(model, tok.eos_token_id, kv_cache_mb=64, gpu_memory_utilization=0.3)
     assert torch.equal(torch.get_rng_state(), rng) and torch.get_num_threads() == 1
     torch.set_num_threads(2)  # vLLM would have made this a no-op
@@ -69,6 +74,27 @@ def test_the_model_folder_is_named_by_its_config_so_a_compile_cache_is_found_aga
     )
     monkeypatch.delenv("VLLM_CACHE_ROOT")
     assert config_folder(model.config) != config_folder(model.config)
+
+
+def test_the_start_counts_what_it_added_to_the_compile_cache(setup, monkeypatch, tmp_path):
+    """engine.started (the set-up line's note): vLLM's start in seconds and the files it added to
+    the cache root, which tells a start that compiled from one that found a carried cache."""
+    from engine import cache_files
+
+    note = re.fullmatch(r"vLLM's start \d+\.\d, \+(\d+) compile-cache files", setup[2].started)
+    monkeypatch.setenv("VLLM_CACHE_ROOT", CACHE_ROOT)
+    assert note and int(note[1]) == cache_files() - 5
+    for i, sub in enumerate(["", "torch_compile_cache/abc", "torch_compile_cache/abc/inductor"]):
+        os.makedirs(tmp_path / "root" / sub, exist_ok=True)
+        (tmp_path / "root" / sub / f"f{i}").write_text("x")
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "root"))
+    assert cache_files() == 3
+    monkeypatch.delenv("VLLM_CACHE_ROOT")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "root" / "torch_compile_cache"))
+    assert cache_files() == 0  # its vllm/ folder is not there
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    os.rename(tmp_path / "root", tmp_path / "vllm")
+    assert cache_files() == 3
 
 
 def treasure_prompts(tok):
@@ -255,3 +281,5 @@ def test_train_with_vllm_logp_every_and_tis(tmp_path):
         assert r.returncode == 0, r.stderr[-2000:]
         m = json.loads((tmp_path / str(len(flags)) / "metrics.jsonl").read_text().splitlines()[-1])
         assert 0 < m["logp_gap"] < 1e-4 and ("tis_weight" in m) == bool(flags)  # 0: no log-probs came
+        start = r"set-up \(s\): .*model and engine [\d.]+ \(vLLM's start [\d.]+, \+\d+ compile"
+        assert re.search(start, r.stdout)
