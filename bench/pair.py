@@ -119,48 +119,17 @@ def run(cmd, log, wait=True, env=None):
 
 
 def replicate(args, extra):
+    """The stages in order, each skipped where its output is there (a rerun goes on where one stopped)."""
     out = args.out
     checkpoint.lock(out, flag="--out")  # one bench.pair per OUT (its arms lock their own folders)
     same_stages(out, args)
     t0, log = time.time(), os.path.join(out, "pair.log")
-    data = os.path.join(out, "bc.jsonl")
-    if not os.path.exists(data):  # 1. the expert's steps, games split evenly over the processes
-        k = max(1, min(args.procs, args.games))
-        spans = [(args.games * i // k, args.games * (i + 1) // k) for i in range(k)]
-        parts = [f"{data}.{i}" for i in range(k)]
-        procs = [
-            run(
-                ["-m", "bench.bc", "--collect", part, "--first", str(a), "--games", str(b - a)],
-                log,
-                wait=False,
-            )
-            for part, (a, b) in zip(parts, spans)
-        ]
-        if any(p.wait() for p in procs):
-            sys.exit(f"error: bench.pair: the expert's collection failed: see {log}")
-        with open(data + ".tmp", "w") as f:
-            for part in parts:
-                f.write(open(part).read())
-        os.replace(data + ".tmp", data)
-        for part in parts:
-            os.remove(part)
-        n = sum(1 for _ in open(data))
-        print(f"collect: {n} expert steps of {args.games} games, {time.time() - t0:.0f} s")
-    clone, lora = os.path.join(out, "clone"), ["--lora_rank", str(args.lora_rank)] * bool(args.lora_rank)
-    adapter = os.path.join(clone, "adapter")
-    # 2. the clone (or its adapter merged again); bench.bc writes the tokenizer after the weights
+    data, clone = os.path.join(out, "bc.jsonl"), os.path.join(out, "clone")
+    lora = ["--lora_rank", str(args.lora_rank)] * bool(args.lora_rank)
+    if not os.path.exists(data):
+        collect_expert(args, data, log, t0)
     if not os.path.exists(os.path.join(clone, "tokenizer_config.json")):
-        if os.path.exists(os.path.join(adapter, "adapter_config.json")):
-            run(["-m", "bench.bc", "--merge", adapter, "--model", args.model, "--out", clone], log)
-        else:
-            cmd = ["-m", "bench.bc", "--train", data, "--model", args.model, "--out", clone]
-            run(
-                [*cmd, "--epochs", str(args.epochs), *lora, *args.bc_flags.split(), "--seed", str(args.seed)],
-                log,
-            )
-        print(f"clone: {clone}, {time.time() - t0:.0f} s in")
-        if args.lora_rank:  # the expert data and the clone's adapter: a host lost from here keeps them
-            carry(out, args.arms, with_ckpt=True)
+        make_clone(args, data, clone, lora, log, t0)
     evals = {"clone": os.path.join(out, "clone_eval")}
     timing = os.path.join(evals["clone"], "eval_seconds.txt")
     try:  # the clone's eval time (an earlier call's), which the arms of a replicate leave for their evals
@@ -175,32 +144,9 @@ def replicate(args, extra):
     minutes = (
         (args.minutes * 60 - (time.time() - t0) - evals_left - args.start_up) / 60 if args.minutes else 0
     )
-    procs, at = {}, {}
+    at = {arm: saved_iteration(os.path.join(out, arm)) for arm in args.arms}
     done = lambda arm: at[arm] >= target or (at[arm] > 0 and not args.lora_rank)  # noqa: E731
-    for arm in args.arms:
-        at[arm] = saved_iteration(os.path.join(out, arm))
-        if done(arm):
-            continue
-        if args.minutes and minutes < 1:
-            sys.exit(f"error: bench.pair: {minutes:.1f} min left for the arms: raise --minutes")
-        resume, run_dir = ["--resume", "1"] if at[arm] else [], os.path.join(out, arm)
-        if os.path.exists(run_dir) and not resume:  # an arm cut short before its checkpoint: kept aside
-            if who := checkpoint.holder(run_dir):  # not cut short: still running (an earlier bench.pair's)
-                sys.exit(f"error: bench.pair: {run_dir} is in use ({who}): stop it first")
-            kept = next(f"{run_dir}.cut{k}" for k in range(1, 999) if not os.path.exists(f"{run_dir}.cut{k}"))
-            os.rename(run_dir, kept)
-            print(f"{arm}: a run cut short before its checkpoint is kept in {kept}; starting it again")
-        if args.caches and not resume:
-            seed_caches(args.caches, run_dir, arm)
-        cmd = ["train.py", "--env", "alfworld", "--model", clone, "--algo", arm, "--out_dir", run_dir]
-        limit = ["--time_limit", f"{minutes:.2f}"] if minutes else []
-        saves = ["--save_every", str(SAVE_EVERY)] if args.lora_rank else []  # carried as they come
-        procs[arm] = run(
-            [*cmd, *ARM_FLAGS, *lora, *saves, *limit, *resume, *extra],
-            os.path.join(out, f"{arm}.log"),
-            wait=False,
-            env=compile_caches(run_dir) if args.lora_rank else None,
-        )
+    procs = start_arms(args, extra, clone, lora, minutes, [arm for arm in args.arms if not done(arm)], at)
     print(f"arms {', '.join(procs) or '(done before)'}: {minutes:.1f} min each, logs {out}/ARM.log")
     # 3. the clone on both splits (again if cut short), beside the arms, which do not need it: its
     #    engine's start and game loads overlap theirs instead of delaying them
@@ -225,20 +171,7 @@ def replicate(args, extra):
             f"(on another machine: unpack {out}/carry.tgz into {out} first)"
         )
         return
-    # 4b. the evals the arms' runs did not make (a --time_limit stop saves, not evaluates): their model/
-    #     exports, both at once, as the clone's -> OUT/ARM_eval/
-    procs = {
-        arm: run(
-            ["train.py", "--env", "alfworld", "--eval_only", "1", "--model", os.path.join(out, arm, "model")]
-            + ["--out_dir", os.path.join(out, f"{arm}_eval"), *ARM_FLAGS, *extra],
-            log,
-            wait=False,
-        )
-        for arm in args.arms
-        if not evaluated(out, arm)
-    }
-    if any(p.wait() for p in procs.values()):
-        sys.exit(f"error: bench.pair: an arm's eval failed: see {log}")
+    evaluate_exports(args, extra, log)
     evals.update({arm: arm_eval(out, arm) for arm in args.arms})
     # 5. paired, game by game
     pairs = [("clone", a) for a in args.arms] + [tuple(args.arms)] * (len(args.arms) == 2)
@@ -249,6 +182,82 @@ def replicate(args, extra):
     carry(out, args.arms, with_ckpt=bool(args.lora_rank))
     print(text)
     print(f"bench.pair: {out} in {(time.time() - t0) / 60:.1f} min")
+
+
+def collect_expert(args, data, log, t0):
+    """1. The expert's steps on train games 0..games-1, the games split evenly over the processes."""
+    k = max(1, min(args.procs, args.games))
+    spans = [(args.games * i // k, args.games * (i + 1) // k) for i in range(k)]
+    parts = [f"{data}.{i}" for i in range(k)]
+    procs = [
+        run(["-m", "bench.bc", "--collect", part, "--first", str(a), "--games", str(b - a)], log, wait=False)
+        for part, (a, b) in zip(parts, spans)
+    ]
+    if any(p.wait() for p in procs):
+        sys.exit(f"error: bench.pair: the expert's collection failed: see {log}")
+    with open(data + ".tmp", "w") as f:
+        for part in parts:
+            f.write(open(part).read())
+    os.replace(data + ".tmp", data)
+    for part in parts:
+        os.remove(part)
+    n = sum(1 for _ in open(data))
+    print(f"collect: {n} expert steps of {args.games} games, {time.time() - t0:.0f} s")
+
+
+def make_clone(args, data, clone, lora, log, t0):
+    """2. The clone (bench.bc, which writes the tokenizer after the weights), or its carried adapter
+    merged onto --model again."""
+    adapter = os.path.join(clone, "adapter")
+    if os.path.exists(os.path.join(adapter, "adapter_config.json")):
+        run(["-m", "bench.bc", "--merge", adapter, "--model", args.model, "--out", clone], log)
+    else:
+        cmd = ["-m", "bench.bc", "--train", data, "--model", args.model, "--out", clone]
+        cmd += ["--epochs", str(args.epochs), *lora, *args.bc_flags.split(), "--seed", str(args.seed)]
+        run(cmd, log)
+    print(f"clone: {clone}, {time.time() - t0:.0f} s in")
+    if args.lora_rank:  # the expert data and the clone's adapter: a host lost from here keeps them
+        carry(args.out, args.arms, with_ckpt=True)
+
+
+def start_arms(args, extra, clone, lora, minutes, arms, at):
+    """4. The arms not done yet, at once: {arm: its train.py process}; at: each arm's saved iteration
+    (0: none, a fresh start)."""
+    procs = {}
+    for arm in arms:
+        if args.minutes and minutes < 1:
+            sys.exit(f"error: bench.pair: {minutes:.1f} min left for the arms: raise --minutes")
+        resume, run_dir = ["--resume", "1"] if at[arm] else [], os.path.join(args.out, arm)
+        if os.path.exists(run_dir) and not resume:  # an arm cut short before its checkpoint: kept aside
+            if who := checkpoint.holder(run_dir):  # not cut short: still running (an earlier bench.pair's)
+                sys.exit(f"error: bench.pair: {run_dir} is in use ({who}): stop it first")
+            kept = next(f"{run_dir}.cut{k}" for k in range(1, 999) if not os.path.exists(f"{run_dir}.cut{k}"))
+            os.rename(run_dir, kept)
+            print(f"{arm}: a run cut short before its checkpoint is kept in {kept}; starting it again")
+        if args.caches and not resume:
+            seed_caches(args.caches, run_dir, arm)
+        cmd = ["train.py", "--env", "alfworld", "--model", clone, "--algo", arm, "--out_dir", run_dir]
+        limit = ["--time_limit", f"{minutes:.2f}"] if minutes else []
+        saves = ["--save_every", str(SAVE_EVERY)] if args.lora_rank else []  # carried as they come
+        procs[arm] = run(
+            [*cmd, *ARM_FLAGS, *lora, *saves, *limit, *resume, *extra],
+            os.path.join(args.out, f"{arm}.log"),
+            wait=False,
+            env=compile_caches(run_dir) if args.lora_rank else None,
+        )
+    return procs
+
+
+def evaluate_exports(args, extra, log):
+    """4b. The evals the arms' runs did not make (a --time_limit stop saves, not evaluates): their
+    model/ exports, all at once, as the clone's -> OUT/ARM_eval/."""
+    procs = {}
+    for arm in [arm for arm in args.arms if not evaluated(args.out, arm)]:
+        model, out_dir = os.path.join(args.out, arm, "model"), os.path.join(args.out, f"{arm}_eval")
+        cmd = ["train.py", "--env", "alfworld", "--eval_only", "1", "--model", model, "--out_dir", out_dir]
+        procs[arm] = run([*cmd, *ARM_FLAGS, *extra], log, wait=False)
+    if any(p.wait() for p in procs.values()):
+        sys.exit(f"error: bench.pair: an arm's eval failed: see {log}")
 
 
 def arm_eval(out, arm):
