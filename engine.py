@@ -209,7 +209,8 @@ def config_folder(config):
 def cache_files():
     """Files in vLLM's cache root (VLLM_CACHE_ROOT, else XDG_CACHE_HOME or ~/.cache, /vllm). The set-up
     line shows how many a start added: a start that compiles writes its graphs and kernels there, one
-    that finds them should write few (tells whether a carried cache was used)."""
+    that finds them should write few (tells whether a carried cache was used). Runs that start at once
+    on one root count each other's files too."""
     cache_home = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     root = os.environ.get("VLLM_CACHE_ROOT") or os.path.join(cache_home, "vllm")
     return sum(len(files) for _, _, files in os.walk(root))
