@@ -275,7 +275,8 @@ def test_bad_input_is_one_line_never_a_hang(tmp_path):
 
 def test_train_with_vllm_logp_every_and_tis(tmp_path):
     """train.py on the vLLM engine: logp_gap from one sample in engine.LOGP_EVERY (8), and --tis_cap,
-    which weighs every token by its rollout log-prob, gets them for every sample."""
+    which weighs every token by its rollout log-prob, gets them for every sample. The set-up line and
+    --eval_only's seconds line say how vLLM started."""
     for flags in ([], ["--tis_cap", "2"]):
         r = run_train("--engine", "vllm", "--out_dir", str(tmp_path / str(len(flags))), *flags)
         assert r.returncode == 0, r.stderr[-2000:]
@@ -283,3 +284,7 @@ def test_train_with_vllm_logp_every_and_tis(tmp_path):
         assert 0 < m["logp_gap"] < 1e-4 and ("tis_weight" in m) == bool(flags)  # 0: no log-probs came
         start = r"set-up \(s\): .*model and engine [\d.]+ \(vLLM's start [\d.]+, \+\d+ compile"
         assert re.search(start, r.stdout)
+    model = str(tmp_path / "0" / "model")  # --eval_only's seconds line says it too
+    r = run_train("--engine", "vllm", "--eval_only", "1", "--model", model, "--out_dir", str(tmp_path / "ev"))
+    seconds = r"seconds: model and engine [\d.]+ \(vLLM's start [\d.]+, \+\d+ compile"
+    assert re.search(seconds, r.stdout), r.stderr[-2000:]
