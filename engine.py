@@ -206,13 +206,13 @@ def config_folder(config):
     return tmp  # a folder of that name holding something else: this start's own, as before
 
 
-def cache_files():
-    """Files in vLLM's cache root (VLLM_CACHE_ROOT, else XDG_CACHE_HOME or ~/.cache, /vllm). The set-up
-    line shows how many a start added: a start that compiles writes its graphs and kernels there, one
-    that finds them should write few (tells whether a carried cache was used). Runs that start at once
-    on one root count each other's files too."""
+def cache_files(root=None):
+    """Files under root, by default vLLM's cache root (VLLM_CACHE_ROOT, else XDG_CACHE_HOME or ~/.cache,
+    /vllm). The set-up line shows how many a start added: a start that compiles writes its graphs and
+    kernels there, one that finds them should write few (tells whether a carried cache was used). Runs
+    that start at once on one root count each other's files too."""
     cache_home = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    root = os.environ.get("VLLM_CACHE_ROOT") or os.path.join(cache_home, "vllm")
+    root = root or os.environ.get("VLLM_CACHE_ROOT") or os.path.join(cache_home, "vllm")
     return sum(len(files) for _, _, files in os.walk(root))
 
 

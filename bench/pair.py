@@ -63,6 +63,7 @@ import evaluate
 import plots
 import records
 import train
+from engine import cache_files
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # stages run from here
 ARMS = ("gigpo", "grpo")
@@ -252,7 +253,9 @@ def evaluate_exports(args, extra, log):
     """4b. The evals the arms' runs did not make (a --time_limit stop saves, not evaluates): their
     model/ exports, all at once, as the clone's -> OUT/ARM_eval/."""
     procs = {}
-    for arm in [arm for arm in args.arms if not evaluated(args.out, arm)]:
+    for arm in args.arms:
+        if evaluated(args.out, arm):
+            continue
         model, out_dir = os.path.join(args.out, arm, "model"), os.path.join(args.out, f"{arm}_eval")
         cmd = ["train.py", "--env", "alfworld", "--eval_only", "1", "--model", model, "--out_dir", out_dir]
         procs[arm] = run([*cmd, *ARM_FLAGS, *extra], log, wait=False)
@@ -317,8 +320,7 @@ def seed_caches(src, run_dir, arm):
             )
         if not members:
             sys.exit(f"error: bench.pair: --caches {src} has no {name}: give an earlier replicate's carry")
-    n = sum(len(files) for _, _, files in os.walk(dst))
-    print(f"{arm}: {n} compile cache files from {src}")
+    print(f"{arm}: {cache_files(dst)} compile cache files from {src}")
 
 
 def wait_for_arms(out, procs, arms, refresh):

@@ -783,7 +783,7 @@ def test_pair_keeps_the_seed_its_clone_was_made_with(tmp_path):
     call(tmp_path / "with_clone", 0)
 
 
-def test_pair_caches_are_an_earlier_replicates_and_a_bad_one_is_one_line(tmp_path):
+def test_pair_caches_are_an_earlier_replicates_and_a_bad_one_is_one_line(tmp_path, capsys):
     """--caches SRC (an earlier replicate's OUT or carry.tgz) seeds a new arm's compile caches; a SRC
     without them, a broken archive, or no --lora_rank (whose arms alone read OUT/ARM/compile_cache) is
     one line, before anything runs."""
@@ -793,6 +793,7 @@ def test_pair_caches_are_an_earlier_replicates_and_a_bad_one_is_one_line(tmp_pat
     (tmp_path / "old" / "grpo" / "compile_cache" / "inductor" / "k").write_text("kernel")
     pair.seed_caches(str(tmp_path / "old"), str(tmp_path / "new" / "grpo"), "grpo")
     assert (tmp_path / "new" / "grpo" / "compile_cache" / "inductor" / "k").read_text() == "kernel"
+    assert capsys.readouterr().out == f"grpo: 1 compile cache files from {tmp_path / 'old'}\n"
     (tmp_path / "broken.tgz").write_bytes(b"not a tar")
     for src, arm in ((tmp_path / "old", "gigpo"), (tmp_path / "broken.tgz", "grpo")):
         with pytest.raises(SystemExit) as e:

@@ -88,7 +88,7 @@ def test_the_start_counts_what_it_added_to_the_compile_cache(setup, monkeypatch,
         os.makedirs(tmp_path / "root" / sub, exist_ok=True)
         (tmp_path / "root" / sub / f"f{i}").write_text("x")
     monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "root"))
-    assert cache_files() == 3
+    assert cache_files() == 3 == cache_files(str(tmp_path / "root" / "torch_compile_cache")) + 1
     monkeypatch.delenv("VLLM_CACHE_ROOT")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "root" / "torch_compile_cache"))
     assert cache_files() == 0  # its vllm/ folder is not there
