@@ -379,7 +379,6 @@ def update(
         ("value_loss", "vf_clip_frac") if critic else ()
     )
     stats = {k: torch.zeros((), device=device) for k in keys}
-    clip_high = cfg.clip_high or cfg.clip
     n_steps = 0
     for _ in range(EPOCHS):
         perm = torch.randperm(len(samples)).tolist()
@@ -402,40 +401,7 @@ def update(
                     entropy_grad=cfg.entropy_coef > 0,
                     critic=critic,
                 )
-                cat = lambda xs: torch.cat([xs[i] for i in mb]).to(device)[None]  # noqa: E731
-                a = torch.cat([torch.full((len(samples[i].response_ids),), float(adv[i])) for i in mb])
-                m = torch.ones_like(logp)[None]
-                w = None
-                if cfg.tis_cap > 0:  # the engine's sampling policy vs the trainer's: see tis_weights
-                    rollout_lp = torch.cat([torch.tensor(samples[i].logprobs) for i in mb]).to(device)[None]
-                    w, trunc = tis_weights(cat(old), rollout_lp, cfg.tis_cap)
-                    stats["tis_weight"] += w.sum() / n_tok
-                    stats["tis_trunc_frac"] += trunc * len(logp) / n_tok
-                if cfg.loss == "gspo":  # one ratio per sequence: (B, T) rows of this micro-batch's samples
-                    lens = [len(samples[i].response_ids) for i in mb]
-                    loss, pst = gspo_loss(
-                        rows(logp, lens),
-                        rows(cat(old)[0], lens),
-                        torch.tensor([float(adv[i]) for i in mb], device=device),
-                        rows(m[0], lens),
-                        cfg.clip,
-                        clip_high,
-                        n_seq,
-                    )
-                    stats["clip_frac"] += pst["clip_frac"] * len(mb) / n_seq
-                else:
-                    loss, pst = policy_loss(
-                        logp[None],
-                        cat(old),
-                        a.to(device)[None],
-                        m,
-                        cfg.clip,
-                        DUAL_CLIP,
-                        token_count=n_tok,
-                        weights=w,
-                        clip_high=clip_high,
-                    )
-                    stats["clip_frac"] += pst["clip_frac"] * len(logp) / n_tok
+                loss = surrogate(samples, mb, logp, old, adv, cfg, n_tok, n_seq, stats)
                 if critic:
                     t = torch.tensor(np.asarray([targets[i] for i in mb]), dtype=torch.float32, device=device)
                     vl, vclip = value_loss(v, t[:, 0], t[:, 1], VF_CLIP, count=n_seq)
@@ -445,7 +411,7 @@ def update(
                 ent_sum = ent.sum() / n_tok
                 loss = loss - cfg.entropy_coef * ent_sum
                 if ref is not None:
-                    kl = kl_k3(logp[None], cat(ref)).sum() / n_tok
+                    kl = kl_k3(logp[None], torch.cat([ref[i] for i in mb]).to(device)[None]).sum() / n_tok
                     loss = loss + cfg.kl_coef * kl
                     stats["kl_ref"] += kl.detach()
                 loss.backward()
@@ -470,6 +436,43 @@ def update(
         "optimizer_steps": n_steps,
         "lr": lr,
     }
+
+
+def surrogate(samples, mb, logp, old, adv, cfg, n_tok, n_seq, stats):
+    """One micro-batch's clipped policy loss (its share of the mini-batch's token mean, or of GSPO's
+    sequence mean), with --tis_cap's weights; adds its clip/TIS shares to stats."""
+    device = logp.device
+    cat = lambda xs: torch.cat([xs[i] for i in mb]).to(device)[None]  # noqa: E731
+    m = torch.ones_like(logp)[None]
+    w = None
+    if cfg.tis_cap > 0:  # the engine's sampling policy vs the trainer's: see tis_weights
+        rollout_lp = torch.cat([torch.tensor(samples[i].logprobs) for i in mb]).to(device)[None]
+        w, trunc = tis_weights(cat(old), rollout_lp, cfg.tis_cap)
+        stats["tis_weight"] += w.sum() / n_tok
+        stats["tis_trunc_frac"] += trunc * len(logp) / n_tok
+    clip_high = cfg.clip_high or cfg.clip
+    if cfg.loss == "gspo":  # one ratio per sequence: (B, T) rows of this micro-batch's samples
+        lens = [len(samples[i].response_ids) for i in mb]
+        a = torch.tensor([float(adv[i]) for i in mb], device=device)
+        loss, pst = gspo_loss(
+            rows(logp, lens), rows(cat(old)[0], lens), a, rows(m[0], lens), cfg.clip, clip_high, n_seq
+        )
+        stats["clip_frac"] += pst["clip_frac"] * len(mb) / n_seq
+        return loss
+    a = torch.cat([torch.full((len(samples[i].response_ids),), float(adv[i])) for i in mb]).to(device)
+    loss, pst = policy_loss(
+        logp[None],
+        cat(old),
+        a[None],
+        m,
+        cfg.clip,
+        DUAL_CLIP,
+        token_count=n_tok,
+        weights=w,
+        clip_high=clip_high,
+    )
+    stats["clip_frac"] += pst["clip_frac"] * len(logp) / n_tok
+    return loss
 
 
 def rows(flat, lens):
