@@ -6,7 +6,7 @@ HF export, and what --resume 1 reads back (the checkpoint, and the metrics log u
 - A run never writes over another: a fresh run (no --resume) into an out_dir that holds a run's
   checkpoint, model or metrics stops in one line (what the careful trainers do, e.g. transformers'
   example scripts without --overwrite_output_dir): --resume 1 continues it, a new --out_dir starts
-  another, deleting the folder starts over.
+  another, deleting the folder (once its run has stopped: the lock is in it) starts over.
 - A save writes everything under temp names, syncs them to the disk, then swaps them in, so a kill,
   a full disk or a power cut at any moment leaves the last complete checkpoint; a full disk stops
   the run in one line that says so.
@@ -22,6 +22,7 @@ import os
 import random
 import shutil
 import socket
+import time
 import warnings
 
 import numpy as np
@@ -31,7 +32,7 @@ from checks import fail, first_line
 from envs import ENVS, env_class, parse_env_args
 from evaluate import complete
 from fsdp import _local, all_reduce, barrier, full_parameters
-from records import log_lines, set_aside, write_whole
+from records import log_lines, os_error, set_aside, write_whole
 
 # a plain CPU run saves and loads its checkpoint in one process on purpose: dcp's warning about it is
 # noise on every save, and the line before a resume's one-line error
@@ -41,30 +42,11 @@ warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavai
 # compile: how the same distribution is sampled and computed; log_groups, metrics: what is logged; overlap:
 # when env steps run; logp_every, log_mb, peak_tflops, early_logprobs: flags of older runs' configs);
 # env_args: compared as the env's arguments (env_kwargs), so spelling out a default changes nothing
-RESUME_FREE = {
-    "resume",
-    "iterations",
-    "eval_every",
-    "save_every",
-    "time_limit",
-    "threads",
-    "env_workers",
-    "wandb",
-    "device",
-    "out_dir",
-    "logp_every",
-    "engine",
-    "kv_cache_mb",
-    "gpu_memory_utilization",
-    "compile",
-    "log_groups",
-    "log_mb",
-    "peak_tflops",
-    "env_args",
-    "metrics",
-    "overlap",
-    "early_logprobs",
-}
+RESUME_FREE = set(
+    "resume iterations eval_every save_every time_limit threads env_workers wandb device out_dir logp_every "
+    "engine kv_cache_mb gpu_memory_utilization compile log_groups log_mb peak_tflops env_args metrics "
+    "overlap early_logprobs".split()
+)
 RUN_FILES = ("ckpt", "ckpt.old", "model", "metrics.jsonl", "eval.json")  # what makes an out_dir hold a run
 # (an empty metrics.jsonl does not, nor an eval.json cut short: "complete" false, no result to keep)
 _LOCKS = {}  # out_dir (real path) -> its locked .lock file, open until the process ends
@@ -92,8 +74,8 @@ def claim_out_dir(cfg):
             + (
                 "give --eval_only a new --out_dir (its eval.json would replace the run's)"
                 if cfg.eval_only
-                else "--resume 1 continues it; a new run needs a new --out_dir "
-                f"(or delete {cfg.out_dir} first)"
+                else ("--resume 1 continues it; a new run needs " if ck else "no checkpoint to resume; use ")
+                + f"a new --out_dir (or delete {cfg.out_dir} first)"
             )
         )
     return None
@@ -115,7 +97,14 @@ def lock(out_dir, flag="--out_dir"):
     except OSError as e:  # --eval_only: check_config does not try out_dir
         fail(f"{flag} {out_dir}: cannot write there ({e.strerror or first_line(e)})")
     try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        for wait in range(20, -1, -1):  # holder() takes a shared lock for a moment: not a run
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if not wait:
+                    raise
+                time.sleep(0.05)
     except BlockingIOError:
         f.seek(0)
         holder = f.read().strip() or "another process"
@@ -163,8 +152,8 @@ def _swap_in(tmp, final):
             shutil.rmtree(old)
         os.replace(final, old)
     os.replace(tmp, final)
-    if _fsync(os.path.dirname(final) or ".") and os.path.exists(old):  # else the next save drops it
-        shutil.rmtree(old)
+    if _fsync(os.path.dirname(final) or "."):  # else (or where a file in it is busy) the next save drops it
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def _fsync_tree(path, deep=True):
@@ -174,7 +163,8 @@ def _fsync_tree(path, deep=True):
         for name in files:
             with contextlib.suppress(FileNotFoundError):
                 _fsync_path(os.path.join(root, name))
-        _fsync(root)
+        if not _fsync(root):
+            raise OSError(errno.EIO, "the disk failed to sync a folder", root)
         if not deep:
             dirs.clear()
 
@@ -208,7 +198,8 @@ def saved(out_dir):
     """(path, iteration) of the checkpoint in out_dir; None without a readable one."""
     path = checkpoint_path(out_dir)
     try:
-        return path, json.load(open(os.path.join(path, "meta.json")))["iteration"]
+        with open(os.path.join(path, "meta.json")) as f:
+            return path, json.load(f)["iteration"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -240,8 +231,9 @@ def save(out_dir, it, model, tok, opt, sched, rank, config, gen_model=None, extr
     behind for good when the kill came at the last iteration). A write that fails (a full disk)
     stops every rank in one line; the temp copies are removed, the last good checkpoint stays."""
     tmp, final, tmp_hf = (os.path.join(out_dir, d) for d in ("ckpt.tmp", "ckpt", "model.tmp"))
-    if rank == 0 and os.path.exists(tmp):
-        shutil.rmtree(tmp)
+    if rank == 0:  # a killed save's leftovers: never mixed into this one
+        for d in (tmp, tmp_hf):
+            shutil.rmtree(d, ignore_errors=True)
     barrier()
     from torch.distributed.checkpoint.api import CheckpointException
 
@@ -278,9 +270,14 @@ def save(out_dir, it, model, tok, opt, sched, rank, config, gen_model=None, extr
             )
         fail("the checkpoint was not saved")
     if rank == 0:
-        _swap_in(tmp_hf, os.path.join(out_dir, "model"))
-        _swap_in(tmp, final)
-    barrier()
+        try:
+            _swap_in(tmp_hf, os.path.join(out_dir, "model"))
+            _swap_in(tmp, final)
+        except OSError as e:  # e.g. a file system that would not delete the copy before last
+            error = e
+    if all_reduce(int(error is not None), "max"):  # every rank stops, none waits in a collective
+        fail(f"iteration {it}: the checkpoint was not swapped in ({os_error(error)}); {kept_text(out_dir)}"
+             if rank == 0 else "the checkpoint was not saved")  # fmt: skip
 
 
 def _write(tmp, tmp_hf, it, model, tok, opt, sched, rank, config, gen_model, extra, notes):
@@ -382,7 +379,16 @@ def check_resume(cfg):
     config (bar RESUME_FREE fields; env_args as env_kwargs) -> its meta. Anything else is one line."""
     path = os.path.join(checkpoint_path(cfg.out_dir), "meta.json")
     if not os.path.exists(path):
-        fail(f"--resume but {path} does not exist; drop --resume or point --out_dir at a run")
+        held = [f for f in RUN_FILES if os.path.exists(os.path.join(cfg.out_dir, f))]
+        fail(
+            f"--resume but {path} does not exist; "
+            + (
+                f"the run in {cfg.out_dir} ({', '.join(held)}) stopped before its first checkpoint: "
+                f"delete {cfg.out_dir} or use a new --out_dir"
+                if held
+                else "drop --resume or point --out_dir at a run"
+            )
+        )
     try:
         meta = json.load(open(path))
         if (
@@ -400,13 +406,13 @@ def check_resume(cfg):
         for k, v in dataclasses.asdict(cfg).items()
         if k not in RESUME_FREE and old.get(k) != v
     ]
-    if not diff and old.get("env_args") != cfg.env_args:
+    if old.get("env_args") != cfg.env_args:
         try:
             same_env = env_kwargs(cfg.env, old.get("env_args") or "") == env_kwargs(cfg.env, cfg.env_args)
         except (ValueError, TypeError):
             same_env = False
         if not same_env:
-            diff = [f"--env_args {old.get('env_args')!r} -> {cfg.env_args!r}"]
+            diff.append(f"--env_args {old.get('env_args')!r} -> {cfg.env_args!r}")
     if diff:
         fail(
             f"--resume: {cfg.out_dir} was trained with another config ({'; '.join(diff)}); "

@@ -2,12 +2,14 @@
 checkpoint, never the checkpoint itself. Kill points are simulated by arranging the files a kill
 leaves behind, or by a hook that raises where the kill would strike; train.main runs in-process."""
 
+import errno
 import io
 import json
 import logging
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -95,6 +97,88 @@ def test_checkpoint_never_leads_the_log(tmp_path, monkeypatch):
     monkeypatch.setattr(checkpoint, "_swap_in", real_swap)
     resume(out, 2)
     assert iterations(out) == [1, 2] and json.load(open(out / "ckpt" / "meta.json"))["iteration"] == 2
+
+
+def test_a_run_killed_in_its_first_save_is_not_sent_to_resume(tmp_path, monkeypatch):
+    """Killed before its first ckpt/ (model/ and the log were there): a fresh run's error said
+    "--resume 1 continues it" and --resume said "drop --resume", each sending the user to the other."""
+    out = tmp_path / "run"
+
+    def swap(tmp, final):
+        raise Killed
+
+    monkeypatch.setattr(checkpoint, "_swap_in", swap)
+    with pytest.raises(Killed):
+        train.main([*ARGS, "--iterations", "1", "--out_dir", str(out)])
+    monkeypatch.undo()
+    with pytest.raises(SystemExit) as e:
+        train.main([*ARGS, "--iterations", "1", "--out_dir", str(out)])
+    assert "--resume 1" not in one_line_error(e, "no checkpoint to resume", "new --out_dir")
+    with pytest.raises(SystemExit) as e:
+        resume(out, 1)
+    one_line_error(e, "stopped before its first checkpoint", f"delete {out}")
+
+
+def test_a_disk_that_fails_to_sync_a_folder_stops_the_save(run, monkeypatch):
+    """EIO on a folder's fsync was passed over and the save went ahead: now it stops the run in one
+    line, and the last complete checkpoint stays."""
+    real = checkpoint._fsync_path
+
+    def fsync_path(path):
+        if str(path).endswith("ckpt.tmp"):
+            raise OSError(errno.EIO, "Input/output error")
+        real(path)
+
+    monkeypatch.setattr(checkpoint, "_fsync_path", fsync_path)
+    with pytest.raises(SystemExit) as e:
+        resume(run)
+    one_line_error(e, "iteration 3: the checkpoint was not saved", "keeps iteration 2")
+    assert json.load(open(run / "ckpt" / "meta.json"))["iteration"] == 2 and not os.path.exists(
+        run / "ckpt.tmp"
+    )
+
+
+def test_an_old_copy_that_will_not_go_costs_one_line_not_a_traceback(run, monkeypatch):
+    """A copy before last that cannot be deleted (on NFS, a file a reader holds open): the save that
+    made it keeps going, the next stops in one line, and ckpt/ keeps the last complete checkpoint."""
+    real = shutil.rmtree
+
+    def rmtree(path, ignore_errors=False, **k):
+        if str(path).endswith(".old"):
+            if ignore_errors:
+                return
+            raise OSError(errno.ENOTEMPTY, "Directory not empty", str(path))
+        real(path, ignore_errors=ignore_errors, **k)
+
+    monkeypatch.setattr(shutil, "rmtree", rmtree)
+    with pytest.raises(SystemExit) as e:
+        resume(run, 4)  # iteration 3 saves (model.old stays), iteration 4 cannot move model/ aside
+    one_line_error(e, "iteration 4: the checkpoint was not swapped in", "keeps iteration 3")
+    assert json.load(open(run / "ckpt" / "meta.json"))["iteration"] == 3
+
+
+def test_a_killed_export_leaves_nothing_in_the_next_model(run):
+    junk = run / "model.tmp" / "adapter_model.safetensors"  # a kill mid-export left model.tmp/
+    junk.parent.mkdir()
+    junk.write_bytes(b"stale")
+    resume(run)
+    assert not os.path.exists(run / "model" / junk.name) and not os.path.exists(run / "model.tmp")
+
+
+def test_a_probe_of_the_lock_does_not_stop_a_run_starting(tmp_path):
+    """checkpoint.holder() (bench.pair asks who runs in a folder) holds a shared lock for a moment;
+    a run starting in that moment failed, naming the pid of a run long gone."""
+    import fcntl
+    import threading
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / ".lock").write_text("pid 4242 on gone\n")
+    probe = open(out / ".lock")
+    fcntl.flock(probe, fcntl.LOCK_SH)
+    threading.Timer(0.3, probe.close).start()
+    checkpoint.lock(str(out))
+    assert checkpoint.holder(str(out)) == f"pid {os.getpid()} on {socket.gethostname()}"
 
 
 def test_save_is_on_the_disk_before_the_swap(tmp_path, monkeypatch):

@@ -410,6 +410,10 @@ def test_resume_still_refuses_env_args_that_change_the_env(run):
             [*ARGS, "--iterations", "3", "--out_dir", str(run), "--resume", "1", "--env_args", "size=6"]
         )
     one_line_error(e, "--env_args", "another config")
+    with pytest.raises(SystemExit) as e:  # with another changed flag, env_args is still named
+        train.main([*ARGS, "--iterations", "3", "--out_dir", str(run), "--resume", "1", "--lr", "0.5",
+                    "--env_args", "size=6"])  # fmt: skip
+    one_line_error(e, "--env_args", "--lr")
 
 
 def test_resume_takes_the_random_policy_from_the_checkpoint_unless_the_eval_changed(run, monkeypatch, capsys):
