@@ -26,10 +26,12 @@ Below main: the helpers of its sections, then the command line (parse_args; its 
 import contextlib
 import dataclasses
 import faulthandler
+import inspect
 import json
 import math
 import os
 import random
+import re
 import signal
 import sys
 import time
@@ -91,7 +93,7 @@ from tiny import is_tiny
 
 @dataclass
 class Config:
-    # env, memory, groups
+    # ---- env, memory, groups
     env: str = "treasure"  # env name, see envs/__init__.py
     env_args: str = ""  # env constructor arguments, e.g. "size=6,walls=3,progress=0" (treasure)
     memory: str = "none"  # none | window | full | visited | boxes (Sokoban) (memory.py); the game is Markov
@@ -100,7 +102,7 @@ class Config:
     group_size: int = 8  # envs per group, all started from the same seed (paper: 8)
     env_workers: int = 0  # env worker processes; 0 = step in-process (fine for the toy game)
     overlap: bool = False  # with env workers: step envs while the engine generates (no gain so far: docs)
-    # model and generation
+    # ---- model and generation
     model: str = "tiny"  # "tiny" = built here from scratch (tiny.py), or an HF name/path
     prompt: str = ""  # a prompt variant of prompts/<env>.py (build_NAME), e.g. "choice" (ALFWorld:
     # answer with an action's number); "" = the tiny model's or the chat prompt
@@ -111,12 +113,12 @@ class Config:
     kv_cache_mb: int = 1024  # vLLM on CPU (or GPU with --gpu_memory_utilization 0): KV cache size, MiB
     gpu_memory_utilization: float = 0.3  # vLLM on GPU: share of GPU memory it takes (weights + KV cache);
     # 0 = a fixed --kv_cache_mb cache, no start-up profiling (runs sharing a GPU)
-    # algorithm (gigpo.py; its fixed values, the paper's, by advantages() below: gamma, omega, penalty)
+    # ---- algorithm (gigpo.py; its fixed values, the paper's, by advantages() below: gamma, omega, penalty)
     algo: str = "gigpo"  # gigpo | grpo | rloo | ppo (a learned critic) | reinforce_pp (gigpo.ALGOS)
     tied_step: bool = True  # A^S also in episode groups whose scores all tie (paper); 0 = ablation: not there
     norm: str = "mean_norm"  # mean_norm (paper "w/o std") | mean_std_norm ("w/ std"; plateaus here, LOG.md)
     similarity: float = 0.0  # 0 = exact anchor match; else difflib ratio threshold for step groups
-    # optimisation
+    # ---- optimisation
     iterations: int = 250  # training iterations (paper: 150)
     lr: float = 3e-3  # peak learning rate (paper: 1e-6 for 1.5B)
     lr_min: float = 0.1  # cosine decay to lr * lr_min at the end; 1.0 = constant (paper)
@@ -124,9 +126,7 @@ class Config:
     clip: float = 0.2  # PPO clip epsilon, the ratio's lower side 1 - clip (paper: 0.2; GSPO: 3e-4)
     clip_high: float = 0.0  # upper side 1 + clip_high; 0 = --clip (DAPO's clip-higher: 0.28; GSPO: 4e-4)
     loss: str = "ppo"  # ppo (token ratio) | gspo (one ratio per sequence; pass GSPO's --clip/--clip_high)
-    dynamic_sampling: bool = (
-        False  # DAPO: drop episode groups whose advantages are all 0 (scores tie), no refill
-    )
+    dynamic_sampling: bool = False  # DAPO: drop episode groups whose scores all tie (advantage 0), no refill
     kl_coef: float = 0.0  # k3 KL to the frozen initial model; 0 = no reference (paper: 0.01)
     entropy_coef: float = 0.0  # entropy bonus (paper: 0.001)
     tis_cap: float = (
@@ -142,7 +142,7 @@ class Config:
     lora_rank: int = (
         0  # > 0: train LoRA adapters of this rank (peft, all linear layers) instead of all weights
     )
-    # evaluation, logging, io
+    # ---- evaluation, logging, io
     eval_every: int = 5  # evaluate (evaluate.py) every k iterations (and at the end); checkpoint there
     save_every: int = 0  # also checkpoint every k iterations, evaluated or not (0: only where above)
     eval_episodes: int = 256  # held-out seeds 10**9 + [0, n): the same set every run
@@ -602,9 +602,20 @@ def parse_args(argv):
             env = arg[6:] if arg.startswith("--env=") else argv[k + 1]
     cfg = dataclasses.replace(cfg, **PRESETS.get(env, {}))
     if "--help" in argv or "-h" in argv:  # each flag's meaning: the comment beside it in Config
-        print(f"python train.py [--flag value ...]; the flags with --env {env}'s defaults (what each one")
-        print("means: the comment beside it in train.py's Config):")
-        print("\n".join(f"  --{k} {getattr(cfg, k)!r}" for k in fields))
+        cfg.env, notes, name = (
+            env,
+            {},
+            None,
+        )  # a field's comment: beside it, and on the comment lines after it
+        for line in inspect.getsource(Config).splitlines():
+            name = m[1] if (m := re.match(r"    (\w+): ", line)) else name
+            if "# " in line and "# ----" not in line:  # not a section's title
+                notes[name] = (notes.get(name, "") + " " + line.split("# ", 1)[1]).strip()
+        show = lambda v: int(v) if isinstance(v, bool) else repr(v)  # noqa: E731  (bools are given as 1/0)
+        print(
+            f"python train.py [--flag value ...]; the flags with --env {env}'s defaults, and what each means"
+        )
+        print("\n".join(f"  {f'--{k} {show(getattr(cfg, k))}':<34} {notes[k]}" for k in fields))
         sys.exit(0)
     i = 0
     while i < len(argv):

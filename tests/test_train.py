@@ -73,6 +73,14 @@ def test_help_lists_every_flag_with_the_env_s_defaults():
     flags = [line.split()[0] for line in r.stdout.splitlines() if line.startswith("  --")]
     assert flags == [f"--{name}" for name in Config.__dataclass_fields__]
     assert "  --model 'Qwen/Qwen2.5-1.5B-Instruct'" in r.stdout  # the preset's, not the embedded default's
+    assert "  --env 'alfworld'" in r.stdout
+    lines = [line.split(None, 2) for line in r.stdout.splitlines() if line.startswith("  --")]
+    assert all(len(x) == 3 for x in lines), [x for x in lines if len(x) < 3]  # each flag has its meaning
+    notes = {x[0]: x[2] for x in lines}
+    assert notes["--resume"].startswith("continue from out_dir/ckpt") and "--resume 0 " in r.stdout  # 1/0
+    assert notes["--tis_cap"].startswith("> 0: truncated importance sampling")  # a comment ruff wrapped
+    assert notes["--compile"].endswith("else 0 (docs/training.md)")  # the comment line after it joins
+    assert "env, memory" not in r.stdout  # Config's section titles are no flag's meaning
 
 
 @pytest.mark.parametrize(
