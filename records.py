@@ -63,15 +63,23 @@ def log_lines(path):
 
 def set_aside(path, upto):
     """A log (metrics.jsonl, episodes.jsonl) split at iteration `upto` -> its lines up to it; the later
-    ones, which a resume redoes, are appended to its .redone.jsonl twin before the log drops them, so
-    the last iterations before a crash stay readable. A line a crash cut short is no record: in neither."""
+    ones, which a resume redoes, are appended to its .redone.jsonl twin before the log drops them (once,
+    though a kill in between sets them aside again), so the last iterations before a crash stay
+    readable. A line a crash cut short is no record: in neither."""
     kept, later = [], []
     for line, it in log_lines(path):
         if it is not None:
             (kept if it <= upto else later).append(line)
-    if later:
-        append_lines(path.removesuffix(".jsonl") + ".redone.jsonl", "".join(later))
+    twin, text = path.removesuffix(".jsonl") + ".redone.jsonl", "".join(later).encode()
+    if text and not (os.path.exists(twin) and _tail(twin, len(text)) == text):  # a kill before the cut
+        append_lines(twin, text.decode())  # (the log kept the lines it had set aside): not twice
     return kept
+
+
+def _tail(path, n):
+    with open(path, "rb") as f:
+        f.seek(max(0, f.seek(0, os.SEEK_END) - n))
+        return f.read()
 
 
 def os_error(e):

@@ -220,6 +220,14 @@ def test_the_lines_a_resume_redoes_are_kept_aside(run):
     assert (run / "episodes.redone.jsonl").read_text() == old_e
 
 
+def test_a_kill_between_the_set_aside_and_the_log_s_cut_keeps_each_line_once(tmp_path):
+    log = tmp_path / "metrics.jsonl"
+    log.write_text("".join(f'{{"iteration": {i}}}\n' for i in (1, 2, 3, 4)))
+    for _ in range(2):  # the second: a resume after a kill left the log uncut
+        assert records.set_aside(str(log), 2) == ['{"iteration": 1}\n', '{"iteration": 2}\n']
+    assert (tmp_path / "metrics.redone.jsonl").read_text() == '{"iteration": 3}\n{"iteration": 4}\n'
+
+
 def test_save_every_checkpoints_between_evals_and_resume_goes_on_from_there(tmp_path, monkeypatch):
     """--save_every k: a checkpoint every k iterations too, evaluated or not (a lost host then costs
     fewer than k iterations); without it only evals and the end save. It leaves the training as it
