@@ -118,45 +118,60 @@ def count_parameters(path):
     return sum(p.numel() for p in model.parameters())
 
 
+def report(lines, name, argv, start_up):
+    """The table of every iteration's phases and the steady state (the last iteration) in words."""
+    m = lines[-1]
+    print("(no model was saved, whatever train.py's last lines say: the bench leaves the checkpoint out)")
+    print(
+        f"\n{len(lines)} iteration(s) of python train.py {' '.join(argv)} (model {name}); "
+        f"train.py's set-up (and teardown) around them {start_up:.0f} s"
+    )
+    print(
+        "| iteration | "
+        + " | ".join(k[5:] for k in PHASES)
+        + " | samples | prompt / response tokens per sample | "
+        "update tokens/s | MFU | of the update: old log-probs / reference / step |"
+    )
+    print("|---" * (len(PHASES) + 6) + "|")
+    for x in lines:
+        mfu = f"{x['mfu']:.1%}" if x.get("mfu") is not None else "-"
+        ref, step = x.get("time_ref_logprobs") or 0.0, x["time_update"] - x["time_logprobs"]
+        print(
+            f"| {x['iteration']} | " + " | ".join(f"{x[k]:.1f}" for k in PHASES) + f" | {x['samples']:.0f} | "
+            f"{x['prompt_tokens']:.0f} / {x['response_tokens']:.0f} | {x['update_tokens_per_s']:,.0f} | "
+            f"{mfu} | {x['time_logprobs'] - ref:.1f} / {ref:.1f} / {step:.1f} |"
+        )
+    phases = {k[5:]: m[k] for k in PHASES[:-1]}
+    top = max(phases, key=phases.get)
+    share = {k: v / m["time_iteration"] for k, v in phases.items()}
+    print(
+        f"steady state (iteration {m['iteration']}): {m['time_iteration']:.1f} s; largest phase: {top}, "
+        f"{share[top]:.0%} of it; the env wait: {share['env']:.0%}"
+    )
+    if len(lines) > 1:
+        first = lines[0]
+        print(
+            f"iteration 1 took {first['time_iteration'] - m['time_iteration']:+.1f} s more "
+            f"({first['time_update'] - m['time_update']:+.1f} s in the update, "
+            f"{first['time_gen'] - m['time_gen']:+.1f} s in generation): its first calls (under --compile, "
+            f"torch.compile's warm-up)"
+        )
+
+
 def main():
     t_start = time.perf_counter()
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--shape", choices=sorted(SHAPES), default="1.5b", help="bench.update's model shapes")
-    ap.add_argument("--env", default="alfworld", help="train.py --env (its preset applies)")
-    ap.add_argument(
-        "--out", default="/tmp/bench-iteration", help="the model folder and train.py's out_dir go here"
-    )
-    ap.add_argument(
-        "--model_dir",
-        default="",
-        help="time this HF model folder (e.g. an ALFWorld clone from "
-        "bench.bc) instead of a random --shape model",
-    )
-    ap.add_argument("--json", default="", help="append the results as one JSON line to this file")
-    ap.add_argument(
-        "--peak_tflops",
-        type=float,
-        default=0.0,
-        help="the GPU's peak bf16 TFLOP/s, for MFU (H200: ~790); 0 = no MFU",
-    )
-    ap.add_argument(
-        "--iterations",
-        type=int,
-        default=2,
-        help="train.py iterations; the first carries compile's "
-        "warm-up, the last is reported as the steady state",
-    )
-    ap.add_argument(
-        "--wave",
-        type=float,
-        default=rollout.WAVE,
-        help="under --overlap: the share of the envs whose prompts join the engine together (rollout.WAVE)",
-    )
-    ap.add_argument(
-        "--prefetch",
-        type=int,
-        default=1,
-        help="0: the env workers reset an iteration's games at its start, not during the update before it",
+    add = ap.add_argument
+    add("--shape", choices=sorted(SHAPES), default="1.5b", help="bench.update's model shapes")
+    add("--env", default="alfworld", help="train.py --env (its preset applies)")
+    add("--out", default="/tmp/bench-iteration", help="the model folder and train.py's out_dir go here")
+    add("--model_dir", default="", help="time this HF model folder (e.g. a clone, bench.bc), not a --shape")
+    add("--json", default="", help="append the results as one JSON line to this file")
+    add("--peak_tflops", type=float, default=0.0, help="the GPU's peak bf16 TFLOP/s (H200: ~790); 0 = no MFU")
+    add("--iterations", type=int, default=2, help="the first carries compile's warm-up, the last is reported")
+    add("--wave", type=float, default=rollout.WAVE, help="--overlap's share of envs asked together")
+    add(
+        "--prefetch", type=int, default=1, help="0: games reset at their iteration's start, not in the update"
     )
     args, rest = ap.parse_known_args()
     rollout.WAVE = args.wave
@@ -169,22 +184,9 @@ def main():
     # --eval_episodes 1: the random-policy baseline train.py plays at start-up is then one game
     if args.iterations < 1:
         raise SystemExit(f"error: --iterations {args.iterations}: run at least 1")
-    argv = [
-        "--env",
-        args.env,
-        "--model",
-        model_dir,
-        "--iterations",
-        str(args.iterations),
-        "--out_dir",
-        out_dir,
-        "--eval_episodes",
-        "1",
-        *(["--eval_sets", "valid_seen"] if args.env == "alfworld" else []),
-        "--metrics",
-        "all",
-        *rest,
-    ]
+    argv = ["--env", args.env, "--model", model_dir, "--iterations", str(args.iterations),
+            "--out_dir", out_dir, "--eval_episodes", "1", "--metrics", "all",
+            *(["--eval_sets", "valid_seen"] if args.env == "alfworld" else []), *rest]  # fmt: skip
     cfg = train.parse_args(argv)  # a bad flag stops here, in one line that names it
     t0 = time.perf_counter()
     # the model's name in the report: the folder's for --model_dir, else the shape
@@ -237,41 +239,7 @@ def main():
         **{k: m.get(k) for k in keys},
         "per_iteration": [{k: x.get(k) for k in keys} for x in lines],
     }
-    print("(no model was saved, whatever train.py's last lines say: the bench leaves the checkpoint out)")
-    print(
-        f"\n{len(lines)} iteration(s) of python train.py {' '.join(argv)} (model {name}); "
-        f"train.py's set-up (and teardown) around them {start_up:.0f} s"
-    )
-    print(
-        "| iteration | "
-        + " | ".join(k[5:] for k in PHASES)
-        + " | samples | prompt / response tokens per sample | "
-        "update tokens/s | MFU | of the update: old log-probs / reference / step |"
-    )
-    print("|---" * (len(PHASES) + 6) + "|")
-    for x in lines:
-        mfu = f"{x['mfu']:.1%}" if x.get("mfu") is not None else "-"
-        ref, step = x.get("time_ref_logprobs") or 0.0, x["time_update"] - x["time_logprobs"]
-        print(
-            f"| {x['iteration']} | " + " | ".join(f"{x[k]:.1f}" for k in PHASES) + f" | {x['samples']:.0f} | "
-            f"{x['prompt_tokens']:.0f} / {x['response_tokens']:.0f} | {x['update_tokens_per_s']:,.0f} | "
-            f"{mfu} | {x['time_logprobs'] - ref:.1f} / {ref:.1f} / {step:.1f} |"
-        )
-    phases = {k[5:]: m[k] for k in PHASES[:-1]}
-    top = max(phases, key=phases.get)
-    share = {k: v / m["time_iteration"] for k, v in phases.items()}
-    print(
-        f"steady state (iteration {m['iteration']}): {m['time_iteration']:.1f} s; largest phase: {top}, "
-        f"{share[top]:.0%} of it; the env wait: {share['env']:.0%}"
-    )
-    if len(lines) > 1:
-        first = lines[0]
-        print(
-            f"iteration 1 took {first['time_iteration'] - m['time_iteration']:+.1f} s more "
-            f"({first['time_update'] - m['time_update']:+.1f} s in the update, "
-            f"{first['time_gen'] - m['time_gen']:+.1f} s in generation): its first calls (under --compile, "
-            f"torch.compile's warm-up)"
-        )
+    report(lines, name, argv, start_up)
     if args.json:
         with open(args.json, "a") as f:
             f.write(json.dumps(res) + "\n")
