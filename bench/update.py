@@ -159,10 +159,8 @@ def run(args, rank, world, device, log):
     # more than ~9k tokens compiled anew on an H200), and a run compiles only in its first iterations
     few = samples if args.compile else samples[: max(2, len(samples) // 16)]
     args.phase = "warm-up"  # where an out-of-memory error struck (main reports it)
-    old = ppo.logprobs(model, few, cfg=cfg, device=device, pad_id=0, packed=packed)
-    ppo.update(
-        model, opt, sched, few, old=old, ref=None, adv=adv, cfg=cfg, device=device, pad_id=0, packed=packed
-    )
+    kw = dict(cfg=cfg, device=device, pad_id=0, packed=packed)  # what train.py passes, bar a reference
+    ppo.update(model, opt, sched, few, old=ppo.logprobs(model, few, **kw), ref=None, adv=adv, **kw)
     if args.profile:
         profile(model, opt, sched, samples, cfg, device, log, packed)
     # after the warm-up's step: weights, gradients and AdamW state, what the passes' activations add to
@@ -172,23 +170,11 @@ def run(args, rank, world, device, log):
     sync()
     args.phase = "old log-probs"
     t0 = time.perf_counter()
-    old = ppo.logprobs(model, samples, cfg=cfg, device=device, pad_id=0, packed=packed)
+    old = ppo.logprobs(model, samples, **kw)
     sync()
     t1 = time.perf_counter()
     args.phase = "update"
-    stats = ppo.update(
-        model,
-        opt,
-        sched,
-        samples,
-        old=old,
-        ref=None,
-        adv=adv,
-        cfg=cfg,
-        device=device,
-        pad_id=0,
-        packed=packed,
-    )
+    stats = ppo.update(model, opt, sched, samples, old=old, ref=None, adv=adv, **kw)
     sync()
     t2 = time.perf_counter()
     f_fwd, tokens = flops(mcfg, samples, backward=False)
@@ -214,22 +200,11 @@ def run(args, rank, world, device, log):
             else f"| {name} | {dt:.2f} | {tokens / dt:,.0f} | {f / dt / world / 1e12:.3f} | - | {mem:.1f} |"
         )
     result = dict(
-        vars(args),
-        params=n_params,
-        world=world,
-        tokens=int(tokens),
-        peak_memory_gib=mem,
-        static_gib=static,
-        **{
-            f"{key}_{k}": v
-            for key, (_, dt, f) in zip(("logprobs", "update"), rows)
-            for k, v in (
-                ("s", dt),
-                ("tokens_per_s", tokens / dt),
-                ("mfu", f / dt / peak if args.peak_tflops else None),
-            )
-        },
+        vars(args), params=n_params, world=world, tokens=int(tokens), peak_memory_gib=mem, static_gib=static
     )
+    for key, (_, dt, f) in zip(("logprobs", "update"), rows):
+        result |= {f"{key}_s": dt, f"{key}_tokens_per_s": tokens / dt}
+        result[f"{key}_mfu"] = f / dt / peak if args.peak_tflops else None
     if args.gather:  # the optimizer state and gradients go first (see the module docstring)
         args.phase = "weight gather"
         opt.state.clear()
