@@ -82,36 +82,21 @@ def check_config(cfg):
             "--tied_step 0 removes part of GiGPO's step advantage; "
             f"--algo {cfg.algo} has none: use --algo gigpo"
         )
-    if cfg.n_groups < 1 or cfg.iterations < 1 or cfg.max_response_tokens < 1:
-        bad("--n_groups, --iterations and --max_response_tokens must be >= 1")
-    if cfg.mini_batch < 1 or cfg.micro_batch_tokens < 1:
-        bad(f"--mini_batch {cfg.mini_batch} and --micro_batch_tokens {cfg.micro_batch_tokens} must be >= 1")
-    if cfg.lora_rank < 0:
-        bad(f"--lora_rank {cfg.lora_rank} must be >= 0 (0 = full fine-tuning)")
-    for name in ("eval_every", "eval_episodes", "threads"):
-        if getattr(cfg, name) < 1:
-            bad(f"--{name} {getattr(cfg, name)} must be >= 1")
-    for name in (
-        "seed",
-        "memory_k",
-        "env_workers",
-        "kl_coef",
-        "weight_decay",
-        "lr_min",
-        "clip_high",
-        "entropy_coef",
-        "time_limit",
-        "save_every",
-    ):  # a negative weight would reward what it is there to curb
-        if getattr(cfg, name) < 0:
-            bad(f"--{name} {getattr(cfg, name)} must be >= 0")
+    # a negative weight would reward what it is there to curb; a 0 keeps its meaning (off, greedy, none)
+    for low, names in (
+        (1, "n_groups iterations max_response_tokens mini_batch micro_batch_tokens eval_every"),
+        (1, "eval_episodes threads"),
+        (0, "seed memory_k env_workers kl_coef weight_decay lr_min clip_high entropy_coef time_limit"),
+        (0, "save_every lora_rank eval_temperature log_groups"),
+    ):
+        for name in names.split():
+            if getattr(cfg, name) < low:
+                bad(f"--{name} {getattr(cfg, name)} must be >= {low}")
     if not cfg.temperature > 0:
         bad(
             f"--temperature {cfg.temperature} must be > 0: rollouts sample at it and the trainer divides "
             f"the logits by it (greedy is for evaluation: --eval_temperature 0)"
         )
-    if cfg.eval_temperature < 0:
-        bad(f"--eval_temperature {cfg.eval_temperature} must be >= 0 (0 = greedy)")
     if not cfg.lr > 0:
         bad(f"--lr {cfg.lr} must be > 0")
     if not cfg.clip > 0:
@@ -127,8 +112,6 @@ def check_config(cfg):
         bad(f"--tis_cap {cfg.tis_cap} weighs tokens; --loss gspo has one ratio per sequence: use --tis_cap 0")
     if not 0 <= cfg.similarity <= 1:
         bad(f"--similarity {cfg.similarity} must be in [0, 1] (0 = exact anchor match)")
-    if cfg.log_groups < 0:
-        bad(f"--log_groups {cfg.log_groups} must be >= 0")
     if cfg.kv_cache_mb < 1 or not 0 <= cfg.gpu_memory_utilization < 1:
         bad("--kv_cache_mb must be >= 1 and --gpu_memory_utilization in [0, 1)")
     if cfg.device == "cuda" and not torch.cuda.is_available():

@@ -38,9 +38,23 @@ def test_bad_env_args_of_every_built_in_game_are_one_line(env, env_args, tmp_pat
     assert msg.startswith(f"error: --env_args {env_args!r}: {env}: "), msg
 
 
-@pytest.mark.parametrize("flag", ["kl_coef", "entropy_coef", "time_limit"])
+@pytest.mark.parametrize("flag", ["kl_coef", "entropy_coef", "time_limit", "eval_temperature"])
 def test_negative_weights_and_time_limit_are_refused(flag, tmp_path):
     assert f"--{flag} -0.5 must be >= 0" in stop_line([f"--{flag}", "-0.5"], tmp_path)
+
+
+BELOW = [
+    ("n_groups", 0, 1),
+    ("threads", 0, 1),
+    ("lora_rank", -1, 0),
+    ("log_groups", -1, 0),
+    ("mini_batch", 0, 1),
+]
+
+
+@pytest.mark.parametrize("flag, value, low", BELOW)
+def test_counts_below_their_least_are_refused(flag, value, low, tmp_path):
+    assert f"--{flag} {value} must be >= {low}" in stop_line([f"--{flag}", str(value)], tmp_path)
 
 
 def write_eval(path, env, games, seeds=None, env_args=""):
