@@ -48,6 +48,7 @@ class GroupedEnvs:
         self.workers = min(workers, self.n)
         self.last = [("", {})] * self.n  # last (obs, info) of each env: where a dead worker's episodes end
         self.restarts, self.ready, self.in_flight = 0, {}, []  # ready: steps done, not yet received
+        self.dead = set()  # envs of a restarted worker: unplayable until the next reset
         self.early = None  # a prefetched reset (prefetch), not yet collected
         if self.workers == 0:
             self.envs = [make_env(name, **env_kwargs) for _ in range(self.n)]
@@ -150,7 +151,8 @@ class GroupedEnvs:
         if len(group_seeds) != self.n_groups:
             raise ValueError(f"reset needs {self.n_groups} group seeds, got {len(group_seeds)}")
         items = [(i, group_seeds[self.group_of(i)]) for i in range(self.n)]
-        early, self.early = self.early, None
+        self.receive("all")  # steps a caller sent and never received (it raised): not read as resets
+        early, self.early, self.dead = self.early, None, set()
         if self.workers == 0:
             res = [self.envs[i].reset(seed) for i, seed in items]
         elif early and early[0] == items:  # prefetched: the workers have (mostly) done it already
@@ -190,7 +192,10 @@ class GroupedEnvs:
             return
         per_worker = {}
         for i, a in sorted(actions.items()):
-            per_worker.setdefault(self._worker_of(i), []).append((i, a))
+            if i in self.dead:  # its worker died while its reply was generated: its episode ends here
+                self.ready[i] = self._truncated(i)
+            else:
+                per_worker.setdefault(self._worker_of(i), []).append((i, a))
         for w, jobs in per_worker.items():
             self.in_flight[w].append([i for i, _ in jobs])
             if not self._send(w, "step", [(None, i - self.slices[w][0], a) for i, a in jobs]):
@@ -220,9 +225,12 @@ class GroupedEnvs:
         return out
 
     def _lost(self, w):
-        """Worker w died: restart it; every step it had in flight ends truncated (in self.ready)."""
+        """Worker w died: restart it; every step it had in flight ends truncated (in self.ready), and
+        so does the next step of each of its other envs (--overlap: their replies were being made),
+        as the fresh worker's envs hold no game until the next reset."""
         jobs = [i for q in self.in_flight[w] for i in q]
         self.in_flight[w] = []
+        self.dead.update(range(*self.slices[w]))
         self._restart(w, "step", len(jobs))
         self.ready.update({i: self._truncated(i) for i in jobs})
 

@@ -205,6 +205,7 @@ def play(model, tok, overlap, engine=None, workers=3, groups=3, kill=None):
 
             reset = envs.reset
             envs.reset = lambda seeds: (reset(seeds), os.kill(envs.procs[kill].pid, signal.SIGKILL))[0]
+        play.envs = envs  # for a test's look at its restarts
         return rollout(
             envs,
             engine,
@@ -262,6 +263,7 @@ def test_overlapped_rollout_survives_a_dead_worker(tiny_model):
     )
     dead = [i for i, e in enumerate(episodes) if e["worker_died"]]
     assert dead == [0, 1]  # worker 0 of 2 holds envs 0 and 1 of 4
+    assert play.envs.restarts == 1  # env 1, its reply made after the death, is not sent to the new worker
     assert all(e["length"] == 1 for e in episodes[:2])
     alive = [s for s in whole if s.traj >= 2]
     assert fields([s for s in samples if s.traj >= 2]) == fields(alive)
