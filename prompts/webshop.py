@@ -57,7 +57,7 @@ def parse_chat(response_text, admissible):
     thought = text.find("<think>")
     if (
         not action
-        or "\n" in action
+        or len(action.splitlines()) > 1  # any line break, \r included
         or re.search(r"</?(think|action)>", action)
         or thought == -1
         or text.find("</think>", thought) == -1

@@ -154,6 +154,21 @@ def test_alfworld_valid_means_well_formed():
         assert p(bad, adm) == ("", False), bad
 
 
+def test_webshop_chat_action_is_one_line():
+    from prompts import webshop
+
+    adm = ["search[<your query>]", "click[buy now]"]
+    assert webshop.parse_chat("<think>x</think><action>click[buy now]</action>", adm) == (
+        "click[buy now]",
+        True,
+    )
+    for brk in ("\n", "\r", "\r\n", "\u2028"):
+        assert webshop.parse_chat(f"<think>x</think><action>click[buy now]{brk}search[x]</action>", adm) == (
+            "",
+            False,
+        ), repr(brk)
+
+
 def test_alfworld_choice_variant():
     """--prompt choice: numbered admissible actions ("help" left out) in an order drawn from the
     list (the same list, the same order; not the env's order everywhere), the reply's first whole
