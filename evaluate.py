@@ -30,6 +30,11 @@ from rollout import rollout
 HELD_OUT = 10**9  # held-out seeds: HELD_OUT + [0, eval_episodes); training seeds skip [HELD_OUT, 2 HELD_OUT)
 
 
+# --env_args that leave the games as they are (a reward term, an anchor's key, a server's address): evals
+# that differ in them alone are compared game by game
+SAME_GAMES = {"progress", "pool_bumps", "inert_anchor", "servers", "retriever_url", "timeout"}
+
+
 def eval_plan(cfg):
     """The eval sets {name: (env kwargs, seeds)}. An env module with eval_sets(n) names its own
     (ALFWorld: valid_seen and valid_unseen, whole splits in order; eval_episodes caps each, games
@@ -330,8 +335,9 @@ def compare(path_a, path_b):
     (and per task type in it, where both evals list the same games' types). A game that either eval
     has no result for (null: a dead env worker) is left out of that row. Evals of other envs, or of a
     set played on other seeds, are not the same games: ValueError (an eval.json from before env and
-    seeds were written is taken as it is). Other --env_args are shown in the first line, not refused:
-    a reward term (progress=0) or an anchor (pool_bumps=1) changes the run, not the games."""
+    seeds were written is taken as it is). Other --env_args are refused where they change the games
+    (size, walls, max_steps, a split, ...), and shown in the first line where they do not (SAME_GAMES:
+    a reward term, progress=0, or an anchor, pool_bumps=1, changes the run, not the games)."""
     a, b = (load_eval(p) for p in (path_a, path_b))
     for path, ev in ((path_a, a), (path_b, b)):
         if ev.get("complete") is False:  # its missing sets would drop out of the table unseen
@@ -344,11 +350,17 @@ def compare(path_a, path_b):
                 f"{name}: the evals played other seeds ({len(a['seeds'][name])} and "
                 f"{len(b['seeds'][name])} games): not the same set"
             )
-    args = (
-        f"; env_args {a['env_args']!r} and {b['env_args']!r}"
-        if {"env_args"} <= set(a) & set(b) and a["env_args"] != b["env_args"]
-        else ""
-    )
+    args = ""
+    if {"env_args"} <= set(a) & set(b) and a["env_args"] != b["env_args"]:
+        from checkpoint import env_kwargs  # here: checkpoint imports this module
+
+        ka, kb = (env_kwargs(a["env"], ev["env_args"]) for ev in (a, b))
+        if changed := sorted(
+            k for k in ka.keys() | kb.keys() if ka.get(k) != kb.get(k) and k not in SAME_GAMES
+        ):
+            raise ValueError(f"the evals' env_args {a['env_args']!r} and {b['env_args']!r} differ in "
+                             f"{', '.join(changed)}: not the same games")  # fmt: skip
+        args = f"; env_args {a['env_args']!r} and {b['env_args']!r}"
     rows = [
         "| set | games | A success | B success | only A won | only B won | paired p |",
         "|---|---|---|---|---|---|---|",
@@ -373,6 +385,8 @@ def compare(path_a, path_b):
                 f"| {label} | {len(ga)} | {known_mean(ga):.3f} | {known_mean(gb):.3f} | "
                 f"{only_a} | {only_b} | {p:.3f} |"
             )
+    if len(rows) == 2:
+        raise ValueError(f"the evals share no set ({', '.join(a['games'])} and {', '.join(b['games'])})")
     head = f"A = {path_a} (iteration {a['iteration']}), B = {path_b} (iteration {b['iteration']}){args}"
     return "\n".join([head, *rows])
 
@@ -384,3 +398,5 @@ if __name__ == "__main__":  # python -m evaluate RUN_A RUN_B: two evals of the s
         print(compare(*sys.argv[1:]))
     except ValueError as e:  # paired(): not the same games
         sys.exit(f"error: {e}")
+    except (KeyError, TypeError, AttributeError, IndexError) as e:  # a hand-made eval.json
+        sys.exit(f"error: an eval.json is not as evaluate.py writes it ({type(e).__name__}: {e})")

@@ -71,8 +71,10 @@ def set_aside(path, upto):
         if it is not None:
             (kept if it <= upto else later).append(line)
     twin, text = path.removesuffix(".jsonl") + ".redone.jsonl", "".join(later).encode()
-    if text and not (os.path.exists(twin) and _tail(twin, len(text)) == text):  # a kill before the cut
-        append_lines(twin, text.decode())  # (the log kept the lines it had set aside): not twice
+    tail = _tail(twin, len(text)) if os.path.exists(twin) else b""
+    if text and tail != text:  # else a kill came before the cut (the log kept the lines set aside): once
+        cut = bool(tail) and not tail.endswith(b"\n")  # a kill mid-append left half a line: it stays on its own
+        append_lines(twin, "\n" * cut + text.decode())
     return kept
 
 

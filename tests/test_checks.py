@@ -80,6 +80,17 @@ def test_compare_refuses_evals_of_different_envs_or_games(tmp_path):
         evaluate.compare(str(tmp_path / "t"), str(tmp_path / "t2"))
     table = evaluate.compare(str(tmp_path / "t"), str(tmp_path / "t3"))  # same games, another reward
     assert "env_args '' and 'progress=0'" in table.splitlines()[0]
+    write_eval(tmp_path / "t4", "treasure", [0, 1, 1], [0, 1, 2], env_args="progress=0,size=8")
+    with pytest.raises(ValueError, match="differ in size: not the same games"):  # same seeds, larger grids
+        evaluate.compare(str(tmp_path / "t"), str(tmp_path / "t4"))
+    write_eval(tmp_path / "t5", "treasure", [0, 1, 1], [0, 1, 2], env_args="size=5")  # the default, spelt out
+    assert "env_args '' and 'size=5'" in evaluate.compare(str(tmp_path / "t"), str(tmp_path / "t5"))
+    (tmp_path / "t6").mkdir()  # another set's name: nothing to pair
+    (tmp_path / "t6" / "eval.json").write_text(
+        (tmp_path / "t" / "eval.json").read_text().replace("held-out", "x")
+    )
+    with pytest.raises(ValueError, match="the evals share no set"):
+        evaluate.compare(str(tmp_path / "t"), str(tmp_path / "t6"))
     (tmp_path / "old").mkdir()
     old = {"iteration": 1, "rates": {}, "games": {"held-out": [0] * 3}}
     (tmp_path / "old" / "eval.json").write_text(json.dumps(old))

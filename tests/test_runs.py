@@ -226,6 +226,10 @@ def test_a_kill_between_the_set_aside_and_the_log_s_cut_keeps_each_line_once(tmp
     for _ in range(2):  # the second: a resume after a kill left the log uncut
         assert records.set_aside(str(log), 2) == ['{"iteration": 1}\n', '{"iteration": 2}\n']
     assert (tmp_path / "metrics.redone.jsonl").read_text() == '{"iteration": 3}\n{"iteration": 4}\n'
+    (tmp_path / "metrics.redone.jsonl").write_text('{"iteration": 3}\n{"itera')  # a kill mid-append
+    records.set_aside(str(log), 2)
+    lines = (tmp_path / "metrics.redone.jsonl").read_text().splitlines()
+    assert lines == ['{"iteration": 3}', '{"itera', '{"iteration": 3}', '{"iteration": 4}']
 
 
 def test_save_every_checkpoints_between_evals_and_resume_goes_on_from_there(tmp_path, monkeypatch):
