@@ -354,7 +354,10 @@ def compare(path_a, path_b):
     if {"env_args"} <= set(a) & set(b) and a["env_args"] != b["env_args"]:
         from checkpoint import env_kwargs  # here: checkpoint imports this module
 
-        ka, kb = (env_kwargs(a["env"], ev["env_args"]) for ev in (a, b))
+        try:
+            ka, kb = (env_kwargs(a["env"], ev["env_args"]) for ev in (a, b))
+        except (KeyError, ValueError, TypeError):  # no env named, or no longer its arguments: the words
+            ka, kb = ({"env_args": ev["env_args"]} for ev in (a, b))
         if changed := sorted(
             k for k in ka.keys() | kb.keys() if ka.get(k) != kb.get(k) and k not in SAME_GAMES
         ):

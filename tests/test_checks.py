@@ -85,6 +85,11 @@ def test_compare_refuses_evals_of_different_envs_or_games(tmp_path):
         evaluate.compare(str(tmp_path / "t"), str(tmp_path / "t4"))
     write_eval(tmp_path / "t5", "treasure", [0, 1, 1], [0, 1, 2], env_args="size=5")  # the default, spelt out
     assert "env_args '' and 'size=5'" in evaluate.compare(str(tmp_path / "t"), str(tmp_path / "t5"))
+    write_eval(
+        tmp_path / "t7", "treasure", [0, 1, 1], [0, 1, 2], env_args="colour=red"
+    )  # no longer an argument
+    with pytest.raises(ValueError, match="differ in env_args: not the same games"):
+        evaluate.compare(str(tmp_path / "t"), str(tmp_path / "t7"))
     (tmp_path / "t6").mkdir()  # another set's name: nothing to pair
     (tmp_path / "t6" / "eval.json").write_text(
         (tmp_path / "t" / "eval.json").read_text().replace("held-out", "x")
