@@ -73,7 +73,7 @@ def set_aside(path, upto):
     twin, text = path.removesuffix(".jsonl") + ".redone.jsonl", "".join(later).encode()
     tail = _tail(twin, len(text)) if os.path.exists(twin) else b""
     if text and tail != text:  # else a kill came before the cut (the log kept the lines set aside): once
-        cut = bool(tail) and not tail.endswith(b"\n")  # a kill mid-append left half a line: it stays on its own
+        cut = bool(tail) and not tail.endswith(b"\n")  # half a line a kill left: it stays on its own
         append_lines(twin, "\n" * cut + text.decode())
     return kept
 
