@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from checks import fail, first_line
-from envs import ENVS, env_class, parse_env_args
+from envs import env_kwargs
 from evaluate import complete
 from fsdp import _local, all_reduce, barrier, full_parameters
 from records import log_lines, os_error, set_aside, write_whole
@@ -59,14 +59,7 @@ def claim_out_dir(cfg):
         lock(cfg.out_dir)
     if cfg.resume:
         return check_resume(cfg)
-    held = [
-        f
-        for f in RUN_FILES
-        if os.path.exists(path := os.path.join(cfg.out_dir, f))
-        and (f != "metrics.jsonl" or os.path.getsize(path))
-        and (f != "eval.json" or complete(path))
-    ]
-    if held:
+    if held := run_files(cfg.out_dir):
         ck = saved(cfg.out_dir)
         what = ", ".join(held) + (f"; {ck[0]} at iteration {ck[1]}" if ck else "")
         fail(
@@ -79,6 +72,17 @@ def claim_out_dir(cfg):
             )
         )
     return None
+
+
+def run_files(out_dir):
+    """The RUN_FILES out_dir holds (an empty metrics.jsonl, or an eval.json cut short, is none)."""
+    return [
+        f
+        for f in RUN_FILES
+        if os.path.exists(path := os.path.join(out_dir, f))
+        and (f != "metrics.jsonl" or os.path.getsize(path))
+        and (f != "eval.json" or complete(path))
+    ]
 
 
 def lock(out_dir, flag="--out_dir"):
@@ -96,24 +100,23 @@ def lock(out_dir, flag="--out_dir"):
         f = open(os.path.join(out_dir, ".lock"), "a+")
     except OSError as e:  # --eval_only: check_config does not try out_dir
         fail(f"{flag} {out_dir}: cannot write there ({e.strerror or first_line(e)})")
-    try:
-        for wait in range(20, -1, -1):  # holder() takes a shared lock for a moment: not a run
-            try:
-                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if not wait:
-                    raise
-                time.sleep(0.05)
-    except BlockingIOError:
-        f.seek(0)
-        holder = f.read().strip() or "another process"
-        f.close()
-        fail(
-            f"{flag} {out_dir} is in use by another run ({holder}); wait for it to end or use another {flag}"
-        )
-    except OSError as e:  # a file system without locks: run unguarded, and say so
-        print(f"note: cannot lock {out_dir}/.lock ({e.strerror}): nothing stops a second run writing there")
+    for attempt in range(21):  # holder() takes a shared lock for a moment (up to 1 s): not a run
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if attempt == 20:
+                f.seek(0)
+                who = f.read().strip() or "another process"
+                f.close()
+                fail(f"{flag} {out_dir} is in use by another run ({who}); wait for it to end or use another "
+                     f"{flag}")  # fmt: skip
+            time.sleep(0.05)
+        except OSError as e:  # a file system without locks: run unguarded, and say so
+            print(
+                f"note: cannot lock {out_dir}/.lock ({e.strerror}): nothing stops a second run writing there"
+            )
+            break
     f.seek(0)
     f.truncate()
     f.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
@@ -361,25 +364,12 @@ def _caused(e, test):
     return False
 
 
-def env_kwargs(env, text):
-    """The arguments the env is built with under --env_args text: its constructor's defaults, the
-    registry's, then text's (so "size=5" and "" are the same treasure hunt)."""
-    import inspect
-
-    params = inspect.signature(env_class(env)).parameters
-    return {
-        **{k: p.default for k, p in params.items() if p.default is not p.empty},
-        **ENVS[env][2],
-        **parse_env_args(env, text),
-    }
-
-
 def check_resume(cfg):
     """--resume: the run's checkpoint (checkpoint_path) must have a readable meta.json from the same
     config (bar RESUME_FREE fields; env_args as env_kwargs) -> its meta. Anything else is one line."""
     path = os.path.join(checkpoint_path(cfg.out_dir), "meta.json")
     if not os.path.exists(path):
-        held = [f for f in RUN_FILES if os.path.exists(os.path.join(cfg.out_dir, f))]
+        held = run_files(cfg.out_dir)
         fail(
             f"--resume but {path} does not exist; "
             + (

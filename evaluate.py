@@ -23,16 +23,11 @@ import numpy as np
 from tqdm import tqdm
 
 import records
-from envs import GroupedEnvs, env_module, parse_env_args
+from envs import SAME_GAMES, GroupedEnvs, env_kwargs, env_module, parse_env_args
 from memory import make_memory
 from rollout import rollout
 
 HELD_OUT = 10**9  # held-out seeds: HELD_OUT + [0, eval_episodes); training seeds skip [HELD_OUT, 2 HELD_OUT)
-
-
-# --env_args that leave the games as they are (a reward term, an anchor's key, a server's address): evals
-# that differ in them alone are compared game by game
-SAME_GAMES = {"progress", "pool_bumps", "inert_anchor", "servers", "retriever_url", "timeout"}
 
 
 def eval_plan(cfg):
@@ -352,8 +347,6 @@ def compare(path_a, path_b):
             )
     args = ""
     if {"env_args"} <= set(a) & set(b) and a["env_args"] != b["env_args"]:
-        from checkpoint import env_kwargs  # here: checkpoint imports this module
-
         try:
             ka, kb = (env_kwargs(a["env"], ev["env_args"]) for ev in (a, b))
         except (KeyError, ValueError, TypeError):  # no env named, or no longer its arguments: the words

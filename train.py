@@ -602,20 +602,7 @@ def parse_args(argv):
             env = arg[6:] if arg.startswith("--env=") else argv[k + 1]
     cfg = dataclasses.replace(cfg, **PRESETS.get(env, {}))
     if "--help" in argv or "-h" in argv:  # each flag's meaning: the comment beside it in Config
-        cfg.env, notes, name = (
-            env,
-            {},
-            None,
-        )  # a field's comment: beside it, and on the comment lines after it
-        for line in inspect.getsource(Config).splitlines():
-            name = m[1] if (m := re.match(r"    (\w+): ", line)) else name
-            if "# " in line and "# ----" not in line:  # not a section's title
-                notes[name] = (notes.get(name, "") + " " + line.split("# ", 1)[1]).strip()
-        show = lambda v: int(v) if isinstance(v, bool) else repr(v)  # noqa: E731  (bools are given as 1/0)
-        print(
-            f"python train.py [--flag value ...]; the flags with --env {env}'s defaults, and what each means"
-        )
-        print("\n".join(f"  {f'--{k} {show(getattr(cfg, k))}':<34} {notes[k]}" for k in fields))
+        print(flag_help(dataclasses.replace(cfg, env=env)))
         sys.exit(0)
     i = 0
     while i < len(argv):
@@ -642,6 +629,22 @@ def parse_args(argv):
             fail(f"--{key} wants a {kind.__name__}, got {value!r}")
         i += 1
     return cfg
+
+
+def flag_help(cfg):
+    """--help's lines: each flag, its value in cfg (a bool as 1/0) and its meaning, the comment beside
+    its Config field and on the comment lines after it (a section's title, "# ----", is no field's)."""
+    notes, name = {}, None
+    for line in inspect.getsource(Config).splitlines():
+        name = m[1] if (m := re.match(r"    (\w+): ", line)) else name
+        if "# " in line and "# ----" not in line:
+            notes[name] = (notes.get(name, "") + " " + line.split("# ", 1)[1]).strip()
+    show = lambda v: int(v) if isinstance(v, bool) else repr(v)  # noqa: E731
+    head = (
+        f"python train.py [--flag value ...]; the flags with --env {cfg.env}'s defaults, and what each means"
+    )
+    rows = [f"  {f'--{k} {show(v)}':<34} {notes.get(k, '')}" for k, v in dataclasses.asdict(cfg).items()]
+    return "\n".join([head, *rows])
 
 
 def _interrupt(signum, frame):

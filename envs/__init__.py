@@ -95,6 +95,24 @@ def parse_env_args(name, text, what=None):
     return out
 
 
+def env_kwargs(env, text):
+    """The arguments the env is built with under --env_args text: its constructor's defaults, the
+    registry's, then text's (so "size=5" and "" are the same treasure hunt)."""
+    import inspect
+
+    params = inspect.signature(env_class(env)).parameters
+    return {
+        **{k: p.default for k, p in params.items() if p.default is not p.empty},
+        **ENVS[env][2],
+        **parse_env_args(env, text),
+    }
+
+
+# env arguments that leave the games as they are (a reward term, an anchor's key, a server's address):
+# runs that differ in them alone played the same games (python -m evaluate pairs them)
+SAME_GAMES = {"progress", "pool_bumps", "inert_anchor", "servers", "retriever_url", "timeout"}
+
+
 def script_args(name, argv):
     """`python -m envs.NAME key=value ...` (an env's baselines as a script) -> its constructor kwargs;
     bad arguments stop in one line that names the env's keys."""
