@@ -16,6 +16,7 @@ it, and the episode's reward says so. (The reference also marks responses with C
 invalid, a Qwen-specific guard we leave out.)
 """
 
+import re
 import zlib
 
 FORMAT = (
@@ -86,9 +87,9 @@ def build_choice(task, history_text, obs, admissible, step):
 
 def parse_choice(response_text, admissible):
     """The reply's first whole number, when it numbers an admissible action -> (that action, True);
-    anything else ("", False). Never raises."""
-    digits = "".join(c if c in "0123456789" else " " for c in (response_text or "")[:40]).split()
+    anything else ("", False), a negative number too ("-1" is not 1). Never raises."""
+    number = re.search(r"-?[0-9]+", (response_text or "")[:40])
     options = choices(admissible)
-    if not digits or not 1 <= int(digits[0]) <= len(options):
+    if not number or not 1 <= int(number.group()) <= len(options):
         return "", False
-    return options[int(digits[0]) - 1], True
+    return options[int(number.group()) - 1], True

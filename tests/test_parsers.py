@@ -190,7 +190,7 @@ def test_alfworld_choice_variant():
     for k, action in enumerate(listed, 1):
         assert p.parse(str(k), adm) == (action, True) and p.parse(f" {k}.", adm) == (action, True)
         assert p.parse(f"Answer: {k}", adm) == (action, True)
-    for reply in ("4", "0", "two", "²"):
+    for reply in ("4", "0", "two", "²", "-1", " -2."):
         assert p.parse(reply, adm) == ("", False), reply
     for t in fuzz_strings(3000, seed=2):
         action, valid = p.parse(t, adm)
