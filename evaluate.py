@@ -111,12 +111,14 @@ def evaluate(tok, cfg, envs, prompt, engine, on_samples=None, iteration=None, ah
     """Episodes at eval_temperature (0 = greedy) on the eval sets -> {set: success}, in eval_plan's
     order, plus {"set/type": success} per task type (info["task_type"]) where there is one. Prints a
     line per named set: its success, per task type, and the share of invalid-action steps. Writes
-    out_dir/eval.json, again as each set ends (a run cut short keeps the sets done, "complete" false
-    until the last): the iteration, these rates, each set's games won (1) or not (0) in order and
-    (named sets with task types) each game's type, for a game-by-game comparison of two evals
-    (`python -m evaluate A B`), and the env, its --env_args and each set's seeds (compare refuses
-    two evals of other games, or one cut short). A game a dead env worker cut short is no result:
-    null in eval.json, left out of every rate (and said so). ahead: first_set's, made before."""
+    out_dir/eval.json once the last set ends: the iteration, these rates, each set's games won (1) or
+    not (0) in order and (named sets with task types) each game's type, for a game-by-game comparison
+    of two evals (`python -m evaluate A B`), and the env, its --env_args and each set's seeds (compare
+    refuses two evals of other games, or one cut short). As each set before the last ends, the same
+    goes to eval.partial.json ("complete" false): an eval cut short keeps the sets it played there,
+    and leaves the last whole eval.json as it was (the partial file goes once the eval is whole). A
+    game a dead env worker cut short is no result: null in eval.json, left out of every rate (and
+    said so). ahead: first_set's, made before."""
     rates, games, types, played, plan = {}, {}, {}, {}, eval_plan(cfg)
     for name, seeds, set_envs in each_set(cfg, envs, ahead):
         played[name] = list(seeds)
@@ -160,8 +162,9 @@ def evaluate(tok, cfg, envs, prompt, engine, on_samples=None, iteration=None, ah
                 f"invalid actions {invalid:.3f} of steps | {per_type}"
             )
         os.makedirs(cfg.out_dir, exist_ok=True)
+        whole, partial = len(games) == len(plan), os.path.join(cfg.out_dir, "eval.partial.json")
         records.write_whole(
-            os.path.join(cfg.out_dir, "eval.json"),
+            os.path.join(cfg.out_dir, "eval.json") if whole else partial,
             json.dumps(
                 {
                     "iteration": iteration,
@@ -173,10 +176,12 @@ def evaluate(tok, cfg, envs, prompt, engine, on_samples=None, iteration=None, ah
                     "env": cfg.env,
                     "env_args": cfg.env_args,
                     "seeds": played,
-                    "complete": len(games) == len(plan),  # False: cut short before its last set
+                    "complete": whole,  # False: cut short before its last set
                 }
             ),
         )
+        if whole and os.path.exists(partial):
+            os.remove(partial)
     return rates
 
 

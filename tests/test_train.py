@@ -313,8 +313,8 @@ def test_paired_sign_test_by_hand():
 
 
 def test_eval_json_keeps_the_sets_done(tmp_path, monkeypatch):
-    """eval.json is written as each named set ends: an eval cut short in its second set (the host
-    gone, the disk full) leaves the first set's games and types on disk."""
+    """An eval cut short in its second set (the host gone, the disk full) leaves the first set's games
+    and types on disk, in eval.partial.json, and the last whole eval.json as it was."""
     import evaluate
     import train
 
@@ -346,9 +346,12 @@ def test_eval_json_keeps_the_sets_done(tmp_path, monkeypatch):
         lambda cfg: {"seen": ({"split": "seen"}, [0, 1]), "unseen": ({"split": "unseen"}, [0, 1])},
     )
     monkeypatch.setattr(evaluate, "eval_envs_for", lambda *args: Envs())
+    last = json.dumps({"iteration": 6, "games": {"seen": [1, 1], "unseen": [0, 1]}, "rates": {}})
+    (tmp_path / "eval.json").write_text(last)  # the eval before: whole
     with pytest.raises(RuntimeError, match="cut short"):
         evaluate.evaluate(None, train.Config(out_dir=str(tmp_path)), None, None, None, iteration=7)
-    saved = json.load(open(tmp_path / "eval.json"))
+    assert (tmp_path / "eval.json").read_text() == last and evaluate.complete(tmp_path)
+    saved = json.load(open(tmp_path / "eval.partial.json"))
     assert (
         saved["iteration"] == 7
         and saved["games"] == {"seen": [1, 0]}
@@ -356,15 +359,16 @@ def test_eval_json_keeps_the_sets_done(tmp_path, monkeypatch):
     )
     assert saved["rates"] == {"seen": 0.5, "seen/heat": 0.0, "seen/pick": 1.0}
     # marked cut short: bench.pair plays it again, and a comparison refuses it (unseen would drop out)
-    assert saved["complete"] is False and not evaluate.complete(tmp_path)
+    assert saved["complete"] is False and not evaluate.complete(tmp_path / "eval.partial.json")
     (tmp_path / "b").mkdir()
     (tmp_path / "b" / "eval.json").write_text(json.dumps({**saved, "complete": True}))
     with pytest.raises(ValueError, match="cut short"):
-        evaluate.compare(str(tmp_path / "b"), str(tmp_path))
+        evaluate.compare(str(tmp_path / "b"), str(tmp_path / "eval.partial.json"))
     won = {"won": True, "task_type": "pick", "invalid": 0, "length": 3}
     monkeypatch.setattr(evaluate, "rollout", lambda *args, **kwargs: ([], [won, won], None))
     evaluate.evaluate(None, train.Config(out_dir=str(tmp_path)), None, None, None, iteration=8)
-    assert json.load(open(tmp_path / "eval.json"))["complete"] is True and evaluate.complete(tmp_path)
+    assert json.load(open(tmp_path / "eval.json"))["iteration"] == 8 and evaluate.complete(tmp_path)
+    assert not (tmp_path / "eval.partial.json").exists()
 
 
 def test_eval_leaves_out_games_a_dead_worker_cut_short(tmp_path, monkeypatch):
