@@ -161,28 +161,19 @@ def evaluate(tok, cfg, envs, prompt, engine, on_samples=None, iteration=None, ah
                 f"over {len(episodes) - games[name].count(None)} games, "
                 f"invalid actions {invalid:.3f} of steps | {per_type}"
             )
-        os.makedirs(cfg.out_dir, exist_ok=True)
-        whole, partial = len(games) == len(plan), os.path.join(cfg.out_dir, "eval.partial.json")
-        records.write_whole(
-            os.path.join(cfg.out_dir, "eval.json") if whole else partial,
-            json.dumps(
-                {
-                    "iteration": iteration,
-                    "model": cfg.model,
-                    "temperature": cfg.eval_temperature,
-                    "rates": rates,
-                    "games": games,
-                    "types": types,
-                    "env": cfg.env,
-                    "env_args": cfg.env_args,
-                    "seeds": played,
-                    "complete": whole,  # False: cut short before its last set
-                }
-            ),
-        )
-        if whole and os.path.exists(partial):
-            os.remove(partial)
+        write_eval(cfg, iteration, rates, games, types, played, whole=len(games) == len(plan))
     return rates
+
+
+def write_eval(cfg, iteration, rates, games, types, seeds, whole):
+    """eval.json once an eval is whole (and its eval.partial.json gone); eval.partial.json before."""
+    os.makedirs(cfg.out_dir, exist_ok=True)
+    partial = os.path.join(cfg.out_dir, "eval.partial.json")
+    ev = dict(iteration=iteration, model=cfg.model, temperature=cfg.eval_temperature, rates=rates)
+    ev |= dict(games=games, types=types, env=cfg.env, env_args=cfg.env_args, seeds=seeds, complete=whole)
+    records.write_whole(os.path.join(cfg.out_dir, "eval.json") if whole else partial, json.dumps(ev))
+    if whole and os.path.exists(partial):
+        os.remove(partial)
 
 
 def known_mean(games):
