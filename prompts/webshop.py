@@ -39,9 +39,10 @@ def parse(response_text, admissible):
     squeezed = re.sub(r"\s+", "", text)
     if squeezed in table:
         return table[squeezed], True
-    search = re.fullmatch(r"search\s*\[(.*[^\s\]].*)\]", text, re.DOTALL)
-    if search and any(a.startswith("search[") for a in admissible):
-        return f"search[{' '.join(search.group(1).split())}]", True
+    search = re.fullmatch(r"search\s*\[(.*)\]", text, re.DOTALL)
+    words = search.group(1) if search else ""  # a search with a word in it: not blank, not "]"s
+    if words.replace("]", "").strip() and any(a.startswith("search[") for a in admissible):
+        return f"search[{' '.join(words.split())}]", True
     return "", False
 
 
