@@ -17,7 +17,9 @@ process runs in it; Ctrl-C or SIGTERM stops the stages running, each keeping wha
   4. arms     train.py --algo gigpo and --algo grpo from the clone at once, sharing the GPU, with the
               --time_limit left after 1-2 (less the final evals: 2x the clone's eval, as an earlier
               call timed it, else 300 s) -> OUT/gigpo/,
-              OUT/grpo/ (each checkpointed where it stops: ~1.6 GB for SmolLM2 with its AdamW state)
+              OUT/grpo/ (each checkpointed where it stops: ~1.6 GB for SmolLM2 with its AdamW state);
+              an arm dead of CUDA out of memory starts again from its checkpoint (OOM_TRIES times),
+              the clone's eval again alone once the arms end
   4b. evals   a time limit's stop saves without an eval: the arms' model/ exports on both splits, at
               once (train.py --eval_only 1) -> OUT/gigpo_eval/, OUT/grpo_eval/
   5. compare  evaluate.compare for clone -> gigpo, clone -> grpo, gigpo -> grpo, and the arms' training
@@ -69,7 +71,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # stages run
 ARMS = ("gigpo", "grpo")
 # the arms' (and the clone eval's) settings: docs/envs.md, "RL from the tagged clone"; two runs share
 # one GPU, so each engine has a fixed cache and 8 env workers, and the compiled update 32768-token
-# micro-batches (65536 took 39 GiB for this model: two would not fit an 80 GB card)
+# micro-batches (65536 took 39 GiB for this model: two would not fit an 80 GB card; at 32768 an arm
+# held 36-48 GiB on an H100, so two arms and the clone's eval can still meet its 80 GB: OOM_TRIES)
 ARM_FLAGS = (
     "--max_response_tokens 64 --lr 1e-5 --engine vllm --gpu_memory_utilization 0 --kv_cache_mb 4096 "
     "--env_workers 8 --micro_batch_tokens 32768 --eval_every 100000"
@@ -79,6 +82,7 @@ ARM_FLAGS = (
 BLOCK = 15  # iterations a block of the training-success trajectory in OUT/pair.md (75 = 5 blocks)
 SAVE_EVERY = 1  # a long pair's arms checkpoint every iteration (~1.5 min on an H100), each in the carry
 POLL = 20  # seconds between looks at the arms' checkpoints
+OOM_TRIES = 3  # an arm dead of CUDA out of memory starts again (from its checkpoint) this many times
 STAGE_FLAGS = ("games", "epochs", "bc_flags", "lora_rank", "seed")  # what OUT's data and clone are made with
 
 
@@ -147,17 +151,35 @@ def replicate(args, extra):
     )
     at = {arm: saved_iteration(os.path.join(out, arm)) for arm in args.arms}
     done = lambda arm: at[arm] >= target or (at[arm] > 0 and not args.lora_rank)  # noqa: E731
+    logs, t_arms, tries = {arm: os.path.join(out, f"{arm}.log") for arm in args.arms}, time.time(), {}
+    since = {arm: log_size(logs[arm]) for arm in args.arms}  # where each arm's output of this call begins
+
+    def again(arm):  # an arm dead of CUDA out of memory: started again with the time left, else None
+        left = minutes - (time.time() - t_arms) / 60 if minutes else 0
+        tries[arm] = tries.get(arm, 0) + 1
+        if tries[arm] > OOM_TRIES or not out_of_memory(logs[arm], since[arm]) or (minutes and left < 1):
+            return None
+        since[arm], at[arm] = log_size(logs[arm]), saved_iteration(os.path.join(out, arm))
+        print(
+            f"{arm}: out of GPU memory beside the other runs; again from iteration {at[arm]} ({tries[arm]})"
+        )
+        return start_arms(args, extra, clone, lora, left, [arm], at)[arm]
+
     procs = start_arms(args, extra, clone, lora, minutes, [arm for arm in args.arms if not done(arm)], at)
     print(f"arms {', '.join(procs) or '(done before)'}: {minutes:.1f} min each, logs {out}/ARM.log")
     # 3. the clone on both splits (again if cut short), beside the arms, which do not need it: its
     #    engine's start and game loads overlap theirs instead of delaying them
-    clone_eval, t_clone_eval = None, time.time()
+    clone_eval, t_clone_eval, since_eval = None, time.time(), log_size(log)
+    cmd = ["train.py", "--env", "alfworld", "--eval_only", "1", "--model", clone]
+    cmd += ["--out_dir", evals["clone"], *ARM_FLAGS, *extra]
     if not evaluate.complete(evals["clone"]):
-        cmd = ["train.py", "--env", "alfworld", "--eval_only", "1", "--model", clone]
-        clone_eval = run([*cmd, "--out_dir", evals["clone"], *ARM_FLAGS, *extra], log, wait=False)
-    failed = wait_for_arms(out, procs, args.arms, refresh=bool(args.lora_rank))
+        clone_eval = run(cmd, log, wait=False)
+    failed = wait_for_arms(out, procs, args.arms, refresh=bool(args.lora_rank), again=again)
     if clone_eval:
-        if clone_eval.wait():
+        if clone_eval.wait() and out_of_memory(log, since_eval):  # beside the arms: now alone
+            print("clone eval: out of GPU memory beside the arms; again, alone")
+            clone_eval = run(cmd, log)
+        if clone_eval.returncode:
             sys.exit(f"error: bench.pair: the clone's eval failed: see {log}")
         records.write_whole(timing, f"{time.time() - t_clone_eval:.1f}\n")
         print(f"clone eval: {rates(evals['clone'])}, {time.time() - t_clone_eval:.0f} s (beside the arms)")
@@ -323,22 +345,40 @@ def seed_caches(src, run_dir, arm):
     print(f"{arm}: {cache_files(dst)} compile cache files from {src}")
 
 
-def wait_for_arms(out, procs, arms, refresh):
+def wait_for_arms(out, procs, arms, refresh, again=lambda arm: None):
     """Wait for the arms' processes -> the arms that failed. refresh (a long pair): OUT/carry.tgz is
     written again each time an arm's checkpoint moves on or the clone's eval (beside them) becomes
     whole, so a host lost mid-session costs only the iterations since (copy carry.tgz off as it
-    changes)."""
+    changes). again(arm): for an arm that failed, its process started again, or None (it failed)."""
     state = lambda: (checkpoints(out, arms), evaluate.complete(os.path.join(out, "clone_eval")))  # noqa: E731
-    seen, running = state(), list(procs.values())
+    seen, running, failed = state(), list(procs.values()), set()
     while running:
         try:
             running[0].wait(timeout=POLL)  # returns as soon as it ends
         except subprocess.TimeoutExpired:
             pass
         running, now = [p for p in running if p.poll() is None], state()
+        for arm, p in procs.items():
+            if p.returncode and arm not in failed:
+                if (new := again(arm)) is None:
+                    failed.add(arm)
+                else:
+                    procs[arm] = new
+                    running.append(new)
         if refresh and now != seen and carry(out, arms, with_ckpt=True):
             seen = now
-    return [arm for arm, p in procs.items() if p.returncode]
+    return [arm for arm in procs if arm in failed]
+
+
+def log_size(path):
+    return os.path.getsize(path) if os.path.exists(path) else 0
+
+
+def out_of_memory(log, since):
+    """Whether what a stage wrote to log past byte `since` ends in a CUDA out-of-memory error."""
+    with open(log, "rb") as f:
+        f.seek(max(since, log_size(log) - 20_000))
+        return b"CUDA out of memory" in f.read()
 
 
 def checkpoints(out, arms):

@@ -753,6 +753,58 @@ def test_a_long_pairs_carry_follows_each_checkpoint_and_never_packs_two_saves(tm
         assert "clone_eval/eval.json" in tar.getnames()
 
 
+def test_an_arm_dead_of_cuda_out_of_memory_starts_again(tmp_path, monkeypatch, capsys):
+    """Two arms and the clone's eval share one GPU, and their peaks can meet its memory: an arm that
+    dies of CUDA out of memory starts again from its checkpoint (up to OOM_TRIES times) while the other
+    runs on; any other failure, or one out of memory more than that, stops bench.pair in one line."""
+    import argparse
+
+    from bench import pair
+
+    oom = "import sys; print('torch.OutOfMemoryError: CUDA out of memory. Tried to allocate'); sys.exit(1)"
+    ok, other = "pass", "import sys; print('ValueError: not memory'); sys.exit(1)"
+    monkeypatch.setattr(pair, "POLL", 0.05)
+
+    def replicate(name, scripts):
+        out = tmp_path / name
+        (out / "clone").mkdir(parents=True)
+        (out / "bc.jsonl").write_text("{}\n")
+        (out / "clone" / "tokenizer_config.json").write_text("{}")
+        (out / "clone_eval").mkdir()
+        (out / "clone_eval" / "eval.json").write_text(json.dumps({"complete": True}))
+        started = []
+
+        def start_arms(args, extra, clone, lora, minutes, arms, at):
+            for arm in arms:
+                started.append((arm, at[arm]))
+                if arm == "gigpo" and len(started) == 1:
+                    fake_checkpoint(out / arm, 2)  # its first run saved iteration 2, then died
+            return {
+                arm: pair.run(["-c", scripts[arm].pop(0)], str(out / f"{arm}.log"), wait=False)
+                for arm in arms
+            }
+
+        monkeypatch.setattr(pair, "start_arms", start_arms)
+        flags = dict(
+            games=300, epochs=1, bc_flags="", lora_rank=4, seed=0, minutes=0, start_up=0, caches=None
+        )
+        pair.replicate(
+            argparse.Namespace(out=str(out), arms=list(pair.ARMS), model="m", procs=1, **flags), []
+        )
+        return started
+
+    assert replicate("oom", {"gigpo": [oom, ok], "grpo": [ok]}) == [("gigpo", 0), ("grpo", 0), ("gigpo", 2)]
+    assert (
+        "gigpo: out of GPU memory beside the other runs; again from iteration 2 (1)"
+        in capsys.readouterr().out
+    )
+    with pytest.raises(SystemExit, match="grpo failed"):
+        replicate("other", {"gigpo": [ok], "grpo": [other, ok]})
+    monkeypatch.setattr(pair, "OOM_TRIES", 1)
+    with pytest.raises(SystemExit, match="gigpo failed"):
+        replicate("twice", {"gigpo": [oom, oom, ok], "grpo": [ok]})
+
+
 def test_pair_keeps_the_seed_its_clone_was_made_with(tmp_path):
     """OUT/stages.json records --seed with the clone's flags. An older OUT's expert data (no seed
     recorded) takes this call's; one whose clone was made before the seed was recorded had seed 0;
