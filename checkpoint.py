@@ -39,13 +39,14 @@ from records import log_lines, os_error, set_aside, write_whole
 warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
 
 # flags a resumed run may change: none changes what is trained (engine, kv_cache_mb, gpu_memory_utilization,
-# compile: how the same distribution is sampled and computed; log_groups, metrics: what is logged; overlap:
+# compile, grad_ckpt, micro_batch_tokens: how the same distribution is sampled and the same gradient
+# computed, so a run out of GPU memory goes on with less; log_groups, metrics: what is logged; overlap:
 # when env steps run; logp_every, log_mb, peak_tflops, early_logprobs: flags of older runs' configs);
 # env_args: compared as the env's arguments (env_kwargs), so spelling out a default changes nothing
 RESUME_FREE = set(
     "resume iterations eval_every save_every time_limit threads env_workers wandb device out_dir logp_every "
     "engine kv_cache_mb gpu_memory_utilization compile log_groups log_mb peak_tflops env_args metrics "
-    "overlap early_logprobs".split()
+    "overlap early_logprobs grad_ckpt micro_batch_tokens".split()
 )
 RUN_FILES = ("ckpt", "ckpt.old", "model", "metrics.jsonl", "eval.json")  # what makes an out_dir hold a run
 # (an empty metrics.jsonl does not, nor an eval.json cut short: "complete" false, no result to keep)

@@ -393,6 +393,7 @@ def test_resume_with_more_iterations_says_the_lr_schedule_stretches(run, capsys)
         ["--engine", "auto"],
         ["--kv_cache_mb", "64"],
         ["--compile", "0"],
+        ["--grad_ckpt", "1", "--micro_batch_tokens", "512"],  # a run out of GPU memory goes on with less
         ["--env_args", "size=5"],
     ],
 )
