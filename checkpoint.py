@@ -23,6 +23,7 @@ import random
 import shutil
 import socket
 import time
+import traceback
 import warnings
 
 import numpy as np
@@ -221,6 +222,23 @@ def kept_text(out_dir):
 def interrupted(out_dir):
     """The line Ctrl-C ends a run with: what out_dir keeps."""
     return f"interrupted: {kept_text(out_dir)}"
+
+
+def out_of_memory(e, out_dir):
+    """The line a run out of GPU memory ends with: where in this code (the innermost frame of a
+    top-level module: the update's ppo.py, the engine's engine.py, ...), torch's account of the
+    card's memory, what to lower and what out_dir keeps."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    tb = traceback.extract_tb(e.__traceback__)
+    ours = [
+        f for f in tb if f.filename.endswith(".py") and os.path.dirname(os.path.abspath(f.filename)) == here
+    ]
+    where = f" in {os.path.basename(ours[-1].filename)}:{ours[-1].lineno} ({ours[-1].name})" if ours else ""
+    return (
+        f"out of GPU memory{where}: {(str(e).strip().splitlines() or [''])[0]}; less memory (--resume "
+        "1 takes these): --grad_ckpt 1, a smaller --micro_batch_tokens, a smaller "
+        f"--kv_cache_mb or --gpu_memory_utilization, fewer runs on the card; {kept_text(out_dir)}"
+    )
 
 
 def save(out_dir, it, model, tok, opt, sched, rank, config, gen_model=None, extra=None, notes=None):

@@ -51,6 +51,7 @@ from checkpoint import (
     kept_log,
     load_checkpoint,
     open_metrics_log,
+    out_of_memory,
     save,
 )
 from checks import check_config, check_world, fail
@@ -659,3 +660,5 @@ if __name__ == "__main__":
     except KeyboardInterrupt:  # Ctrl-C: one line that says what is kept, not a traceback
         print(file=sys.stderr)  # below the progress bar's line
         fail(interrupted(parse_args(sys.argv[1:]).out_dir))
+    except torch.OutOfMemoryError as e:  # the rank it struck says so (fail() speaks for rank 0 only)
+        sys.exit(f"error: {out_of_memory(e, parse_args(sys.argv[1:]).out_dir)}")

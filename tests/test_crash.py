@@ -165,6 +165,27 @@ def test_a_killed_export_leaves_nothing_in_the_next_model(run):
     assert not os.path.exists(run / "model" / junk.name) and not os.path.exists(run / "model.tmp")
 
 
+def test_a_run_out_of_gpu_memory_ends_in_one_line(run, tmp_path):
+    """CUDA out of memory (two runs on a card, a micro-batch too big) ends a run in one line, not a
+    traceback: where in this code (the innermost frame of a top-level module), torch's account of
+    the card, the flags that lower the memory, and what out_dir keeps to go on from."""
+    import checks
+
+    class Message(Exception):  # its text is made in checks.py's frame: raised from inside this code
+        def __str__(self):
+            raise torch.OutOfMemoryError(
+                "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has 79.18 GiB."
+            )
+
+    with pytest.raises(torch.OutOfMemoryError) as e:
+        checks.first_line(Message())
+    line = checkpoint.out_of_memory(e.value, str(run))
+    assert "\n" not in line and line.startswith("out of GPU memory in checks.py:")
+    assert "(first_line): CUDA out of memory. Tried to allocate 2.00 GiB" in line
+    assert "--grad_ckpt 1" in line and "--micro_batch_tokens" in line and line.endswith("goes on from it")
+    assert checkpoint.out_of_memory(torch.OutOfMemoryError("x"), str(tmp_path)).endswith("no checkpoint yet")
+
+
 def test_a_probe_of_the_lock_does_not_stop_a_run_starting(tmp_path):
     """checkpoint.holder() (bench.pair asks who runs in a folder) holds a shared lock for a moment;
     a run starting in that moment failed, naming the pid of a run long gone."""
