@@ -155,11 +155,11 @@ def replicate(args, extra):
     logs, t_arms, tries = {arm: os.path.join(out, f"{arm}.log") for arm in args.arms}, time.time(), {}
     since = {arm: log_size(logs[arm]) for arm in args.arms}  # where each arm's output of this call begins
 
-    def again(arm):  # an arm dead of CUDA out of memory: started again with the time left, else None
+    def again(arm):  # an arm dead of GPU memory: started again with the time left, else None
         left = minutes - (time.time() - t_arms) / 60 if minutes else 0
-        tries[arm] = tries.get(arm, 0) + 1
-        if tries[arm] > OOM_TRIES or not out_of_memory(logs[arm], since[arm]) or (minutes and left < 1):
+        if not died_of_oom(logs[arm], since[arm]) or tries.get(arm, 0) == OOM_TRIES or (minutes and left < 1):
             return None
+        tries[arm] = tries.get(arm, 0) + 1
         since[arm], at[arm] = log_size(logs[arm]), saved_iteration(os.path.join(out, arm))
         print(
             f"{arm}: out of GPU memory beside the other runs; again from iteration {at[arm]} ({tries[arm]})"
@@ -177,7 +177,7 @@ def replicate(args, extra):
         clone_eval = run(cmd, log, wait=False)
     failed = wait_for_arms(out, procs, args.arms, refresh=bool(args.lora_rank), again=again)
     if clone_eval:
-        if clone_eval.wait() and out_of_memory(log, since_eval):  # beside the arms: now alone
+        if clone_eval.wait() and died_of_oom(log, since_eval):  # beside the arms: now alone
             print("clone eval: out of GPU memory beside the arms; again, alone")
             clone_eval = run(cmd, log)
         if clone_eval.returncode:
@@ -375,11 +375,12 @@ def log_size(path):
     return os.path.getsize(path) if os.path.exists(path) else 0
 
 
-def out_of_memory(log, since):
-    """Whether what a stage wrote to log past byte `since` ends in a CUDA out-of-memory error."""
+def died_of_oom(log, since):
+    """Whether what a stage wrote to log past byte `since` ends in GPU memory running out (torch's
+    "CUDA out of memory" in train.py's last line, or the engine's "GPU out of memory" on waking)."""
     with open(log, "rb") as f:
         f.seek(max(since, log_size(log) - 20_000))
-        return b"CUDA out of memory" in f.read()
+        return b"out of memory" in f.read()
 
 
 def checkpoints(out, arms):

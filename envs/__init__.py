@@ -31,6 +31,7 @@ An env instance may also carry `max_steps` (the batch arithmetic printed at star
 """
 
 import importlib
+import inspect
 
 import gymnasium
 
@@ -98,8 +99,6 @@ def parse_env_args(name, text, what=None):
 def env_kwargs(env, text):
     """The arguments the env is built with under --env_args text: its constructor's defaults, the
     registry's, then text's (so "size=5" and "" are the same treasure hunt)."""
-    import inspect
-
     params = inspect.signature(env_class(env)).parameters
     return {
         **{k: p.default for k, p in params.items() if p.default is not p.empty},
