@@ -309,12 +309,10 @@ class VLLMEngine(Engine):
             self.llm.sleep(level=1)
 
     def wake(self):
-        """Map the engine's weights and KV cache back (GPU), into the memory the update left: first
-        the trainer's cached blocks go back (a 1.5B update on an H200 left vLLM no room otherwise).
-        Still no room is one line, not vLLM's traceback."""
+        """Map the engine's weights and KV cache back (GPU), into the memory the update left (train.py
+        gives the trainer's cached blocks back first). Still no room is one line, not vLLM's traceback."""
         if not self.sleeps:
             return
-        torch.cuda.empty_cache()
         try:
             self.llm.wake_up()
         except RuntimeError as e:

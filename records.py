@@ -323,6 +323,7 @@ def metrics_line(cfg, m):
         "dropped_groups": cfg.dynamic_sampling,
         "worker_died": cfg.env_workers > 0,
         "gpu_mem_gib": m.get("gpu_mem_gib") is not None,
+        "gpu_alloc_gib": m.get("gpu_alloc_gib") is not None,
     }
     return {
         k: v for k, v in m.items() if k in DEFAULT_METRICS or k.startswith("eval_success/") or feature.get(k)

@@ -262,6 +262,7 @@ def main(argv=None):
             episode_log.write(shown)
         # 4. push weights into the engine (and reset its prefix cache)
         with timer("sync"):
+            release_cached_memory(device)
             engine.wake()
             engine.push_weights(full_parameters(model))
         # 5. eval, every eval_every and at the end (rank 0; a few episodes of each set recorded)
@@ -371,6 +372,17 @@ def update_policy(cfg, model, ref, opt, sched, critic, trained, adv, targets, lp
     return old, upd
 
 
+def release_cached_memory(device):
+    """After the update, the blocks torch's allocator cached for it go back to the card: to vLLM's
+    wake (a 1.5B update on an H200 left it no room otherwise) and to any other run on this GPU. A
+    process keeps its cached blocks otherwise, even while generating: an engine with a fixed cache
+    (--gpu_memory_utilization 0) never sleeps, and two bench.pair arms beside the clone's eval ran an
+    H100 out of memory with 43.7 GiB reserved by one of them (gpu_mem_gib; gpu_alloc_gib is its peak
+    in use)."""
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
 def metrics(cfg, it, batch, stats, timing, timer, eval_rates, t_run):
     """Section 6: the metrics line (docs/training.md, "Metrics"): the default keys, or all (--metrics all).
     batch: (samples, trained samples, episodes, dead-worker episodes, advantages, old log-probs)."""
@@ -400,6 +412,9 @@ def metrics(cfg, it, batch, stats, timing, timer, eval_rates, t_run):
             "wall": time.perf_counter() - t_run,
             # what sizes bench.sweep's --parallel on a shared GPU: torch's peak reserve in this process
             "gpu_mem_gib": torch.cuda.max_memory_reserved() / 2**30 if torch.cuda.is_initialized() else None,
+            "gpu_alloc_gib": torch.cuda.max_memory_allocated() / 2**30
+            if torch.cuda.is_initialized()
+            else None,
         },
     )
 

@@ -186,6 +186,21 @@ def test_a_run_out_of_gpu_memory_ends_in_one_line(run, tmp_path):
     assert checkpoint.out_of_memory(torch.OutOfMemoryError("x"), str(tmp_path)).endswith("no checkpoint yet")
 
 
+def test_the_update_gives_its_cached_gpu_memory_back_before_each_wake(tmp_path, monkeypatch):
+    """Every iteration, after the update and before the engine wakes (which an engine with a fixed
+    cache skips), train.py hands torch's cached blocks back to the card (a no-op on CPU): an arm
+    sharing a GPU otherwise held its update's peak while generating."""
+    import engine
+
+    events = []
+    monkeypatch.setattr(train, "release_cached_memory", lambda device: events.append("release"))
+    monkeypatch.setattr(engine.HFEngine, "wake", lambda self: events.append("wake"))
+    update = train.update_policy
+    monkeypatch.setattr(train, "update_policy", lambda *a: events.append("update") or update(*a))
+    train.main([*ARGS, "--iterations", "2", "--out_dir", str(tmp_path / "r")])
+    assert events == ["update", "release", "wake"] * 2
+
+
 def test_a_probe_of_the_lock_does_not_stop_a_run_starting(tmp_path):
     """checkpoint.holder() (bench.pair asks who runs in a folder) holds a shared lock for a moment;
     a run starting in that moment failed, naming the pid of a run long gone."""

@@ -146,8 +146,8 @@ def test_compiled_layers_with_lora_train_like_plain_ones_and_turn_adapters_off()
 
 def test_checkpointed_compiled_lora_layers_keep_under_a_tenth_for_the_same_gradients():
     """bench.pair's arms (--lora_rank 4 --compile 1 --grad_ckpt 1): checkpointed compiled layers with
-    LoRA adapters keep < 1/10 of the bytes the compiled layers keep for the backward (SmolLM2's arms
-    held 36-48 GiB without it), for the same log-probs and adapter gradients."""
+    LoRA adapters keep < 1/10 of the bytes the compiled layers keep for the backward, for the same
+    log-probs and adapter gradients."""
     samples, _ = fixed_batch()
     runs = []
     for ckpt in (False, True):

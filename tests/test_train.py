@@ -696,8 +696,10 @@ def test_gpu_memory_is_logged_only_where_cuda_was_used():
 
     cfg = train.Config()
     line = {k: 0.0 for k in records.DEFAULT_METRICS}
-    assert records.metrics_line(cfg, {**line, "gpu_mem_gib": 17.2})["gpu_mem_gib"] == 17.2
-    assert "gpu_mem_gib" not in records.metrics_line(cfg, {**line, "gpu_mem_gib": None})  # a CPU run
+    gpu = records.metrics_line(cfg, {**line, "gpu_mem_gib": 17.2, "gpu_alloc_gib": 9.1})
+    assert gpu["gpu_mem_gib"] == 17.2 and gpu["gpu_alloc_gib"] == 9.1
+    cpu = records.metrics_line(cfg, {**line, "gpu_mem_gib": None, "gpu_alloc_gib": None})
+    assert "gpu_mem_gib" not in cpu and "gpu_alloc_gib" not in cpu  # a CPU run
 
 
 def test_viewer_bad_out_dir_is_one_line(tmp_path):
