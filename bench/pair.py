@@ -508,9 +508,12 @@ def report(dirs, arms=ARMS):
     across = []  # one gain difference per replicate and split
     for s in splits[: len(splits) * (len(arms) == 2)]:
         above, below, p = evaluate.paired(gains[s][arms[0]], gains[s][arms[1]])
+        floor = 0.5 ** (len(dirs) - 1)  # the smallest two-sided p of a sign test on this many
         across.append(
             f"{s}: {arms[0]}'s gain above {arms[1]}'s in {above} of {len(dirs)} replicates, below in "
             f"{below}, sign test p {p:.3f}"
+            + f" (its smallest possible p here: {floor:.3f})"
+            * (floor >= 0.05)
         )
     head = ["replicate", "split", "iterations", "clone", *arms, *(f"{a} gain" for a in arms)]
     lines = table(head, per_rep) + [

@@ -645,6 +645,7 @@ def test_pair_report_pools_games_and_replicates(tmp_path):
     assert "| valid_seen | 8 | 4 / 0, p 0.125 | 1 / 0, p 1.000 | 1 / 4, p 0.375 |" in text
     assert "| valid_seen/pick | 4 | 3 / 0, p 0.250 |" in text
     assert "gigpo's gain above grpo's in 2 of 2 replicates, below in 0, sign test p 0.500" in text
+    assert "(its smallest possible p here: 0.500)" in text  # 2 replicates cannot reach 0.05
     (tmp_path / "r2" / "grpo" / "eval.json").unlink()  # a replicate not yet ended: one line, which says so
     with pytest.raises(SystemExit) as e:
         pair.main(["--report", str(tmp_path / "r1"), str(tmp_path / "r2")])
