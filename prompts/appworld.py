@@ -48,9 +48,34 @@ def parse_chat(response_text, admissible):
     if start == -1 or end == -1 or think == -1 or text.find("</think>", think) == -1:
         return "", False
     code = text[start + len("<code>") : end]
-    fence = re.fullmatch(r"\s*```(?:python|py)?\s*\n(.*?)\n?\s*```\s*", code, re.DOTALL)
-    code = (fence.group(1) if fence else code).strip("\n")
+    fenced = unfence(code)
+    code = (code if fenced is None else fenced).strip("\n")
     return (code, True) if code.strip() else ("", False)
+
+
+def unfence(code):
+    """The inside of a ```python (or ```py, or bare ```) fence around the whole code, its trailing
+    whitespace dropped; None where there is no such fence. A fence opens with a line break after
+    the tag and closes at the last ``` (only whitespace after it). String scans, not a regex: the
+    regex this replaced backtracked cubically on whitespace inside a fence (3.7 s at 2,000
+    characters, 157 s at 8,000), and a degenerate reply is mostly whitespace."""
+    rest = code.lstrip()
+    if not rest.startswith("```"):
+        return None
+    rest = rest[3:]
+    for tag in ("python", "py", ""):
+        if rest.startswith(tag):
+            after = rest[len(tag) :]
+            newline = after.rfind("\n", 0, len(after) - len(after.lstrip()))  # the last in the run
+            if newline != -1:
+                begin = len(tag) + newline + 1
+                break
+    else:
+        return None
+    tail = rest.rstrip()
+    if not tail.endswith("```") or len(tail) - 3 < begin:
+        return None
+    return rest[begin : len(tail) - 3].rstrip()
 
 
 def build(task, history_text, obs, admissible, step):
