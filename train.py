@@ -262,7 +262,6 @@ def main(argv=None):
             episode_log.write(shown)
         # 4. push weights into the engine (and reset its prefix cache)
         with timer("sync"):
-            release_cached_memory(device)
             engine.wake()
             engine.push_weights(full_parameters(model))
         # 5. eval, every eval_every and at the end (rank 0; a few episodes of each set recorded)
@@ -354,8 +353,8 @@ def collect(cfg, envs, engine, tok, prompt, it, rank, saved):
 
 def update_policy(cfg, model, ref, opt, sched, critic, trained, adv, targets, lp, timer):
     """Section 3: old (and KL reference) log-probs by the training model, then the clipped step ->
-    (old log-probs, the update's metrics). Their seconds: time_logprobs (the reference's also
-    time_ref_logprobs), within time_update."""
+    (old log-probs, the update's metrics); then its cached GPU memory goes back to the card. Their
+    seconds: time_logprobs (the reference's also time_ref_logprobs), within time_update."""
     device = lp["device"]
     with timer("update", device):
         with timer("logprobs", device):
@@ -369,6 +368,7 @@ def update_policy(cfg, model, ref, opt, sched, critic, trained, adv, targets, lp
         upd = update(
             model, opt, sched, trained, old=old, ref=ref_lp, adv=adv, critic=critic, targets=targets, **lp
         )
+    release_cached_memory(device)
     return old, upd
 
 
