@@ -54,6 +54,7 @@ import json
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tarfile
@@ -434,10 +435,11 @@ def trajectory(out, arms, block=BLOCK):
     """The arms' training success (episodes won at T = 1, per iteration, from ARM/metrics.jsonl) as
     means over blocks of iterations: how a run moved between its final evals (a long pair's stops
     are saved, not evaluated). Descriptive: no test is run on it."""
-    success = {}
+    lines = {}
     for arm in arms:
         path = os.path.join(out, arm, "metrics.jsonl")  # a line a crash cut short is skipped
-        success[arm] = [m["success"] for m in plots.read_jsonl(path)] if os.path.exists(path) else []
+        lines[arm] = list(plots.read_jsonl(path)) if os.path.exists(path) else []
+    success = {arm: [m["success"] for m in ms] for arm, ms in lines.items()}
     n = max(map(len, success.values()))
     if not n:
         return ""
@@ -447,7 +449,24 @@ def trajectory(out, arms, block=BLOCK):
         for arm, s in success.items()
     ]
     head = ["training success (T = 1)", *(f"iterations {a}-{b}" for a, b in spans)]
-    return "\n".join(table(head, rows))
+    return "\n".join(table(head, rows) + ["", *cost(lines)])
+
+
+def cost(lines):
+    """What each arm's iterations cost: median seconds of an iteration and of its update after the
+    first (compile's warm-up), and the peaks of GPU memory torch reserved and used (on a GPU)."""
+
+    def show(ms, key, how):
+        values = [m[key] for m in ms if m.get(key) is not None]
+        return f"{how(values):.1f}" if values else "-"
+
+    median = statistics.median
+    rows = [
+        [arm, show(ms[1:], "time_iteration", median), show(ms[1:], "time_update", median),
+         show(ms, "gpu_mem_gib", max), show(ms, "gpu_alloc_gib", max)]
+        for arm, ms in lines.items()
+    ]  # fmt: skip
+    return table(["arm", "iteration s", "update s", "gpu_mem_gib", "gpu_alloc_gib"], rows)
 
 
 def dropped(path):

@@ -631,11 +631,23 @@ def test_pair_report_pools_games_and_replicates(tmp_path):
             ev["types"] = {"valid_seen": ["pick", "pick", "cool", "cool"]}
             json.dump(ev, open(tmp_path / rep / run / "eval.json", "w"))
     for run, success in ("gigpo", [0.1, 0.2, 0.3, 0.5]), ("grpo", [0.1, 0.1, 0.1]):  # r1's training logs
-        lines = [json.dumps({"iteration": i + 1, "success": x}) + "\n" for i, x in enumerate(success)]
+        lines = [
+            json.dumps(
+                {"iteration": i + 1, "success": x, "time_iteration": 60.0 / (i + 1), "time_update": 9.0 + i}
+                | ({"gpu_mem_gib": 40.0 + i, "gpu_alloc_gib": 20.0 + i} if run == "gigpo" else {})
+            )
+            + "\n"
+            for i, x in enumerate(success)
+        ]
         (tmp_path / "r1" / run / "metrics.jsonl").write_text("".join(lines))
     assert pair.trajectory(str(tmp_path / "r1"), pair.ARMS, block=2).splitlines()[2:] == [
         "| gigpo | 0.150 | 0.400 |",  # iterations 1-2, 3-4
         "| grpo | 0.100 | - |",  # a block it has not finished
+        "",  # then the cost: medians after the first iteration (compile's), peaks over all; CPU: no memory
+        "| arm | iteration s | update s | gpu_mem_gib | gpu_alloc_gib |",
+        "|---|---|---|---|---|",
+        "| gigpo | 20.0 | 11.0 | 43.0 | 23.0 |",
+        "| grpo | 25.0 | 10.5 | - | - |",
     ]
     text = pair.main(["--report", str(tmp_path / "r1"), str(tmp_path / "r2")])
     assert f"{tmp_path / 'r1'}:\n| training success (T = 1) | iterations 1-4 |" in text  # r2 has no logs
