@@ -116,15 +116,26 @@ STAGES = []  # the stages' processes: stopped with bench.pair (Ctrl-C, SIGTERM),
 
 
 def run(cmd, log, wait=True, env=None):
-    """A stage's command, its output into log; a failure is one line that names the log."""
-    f = open(log, "a")
+    """A stage's command, its output into log; a failure is one line: the stage's own last line
+    (each ends a failure in one) and the log's path."""
+    since, f = log_size(log), open(log, "a")
     p = subprocess.Popen([sys.executable, *cmd], stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
     STAGES.append(p)
     if not wait:
         return p
     if p.wait():
-        sys.exit(f"error: bench.pair: {' '.join(cmd[:3])} ... failed (exit {p.returncode}): see {log}")
+        fail(f"{' '.join(cmd[:3])} ... failed (exit {p.returncode})", log, since)
     return p
+
+
+def fail(what, log, since):
+    """Ends bench.pair in one line: what failed, the last line its stage wrote to log past byte
+    `since`, and where the log is."""
+    with open(log, "rb") as f:
+        f.seek(max(since, log_size(log) - 20_000))
+        lines = [x.strip() for x in f.read().decode(errors="replace").replace("\r", "\n").split("\n")]
+    last = ([x for x in lines if x] or ["(it wrote nothing)"])[-1][:300]
+    sys.exit(f"error: bench.pair: {what}: {last} (log: {log})")
 
 
 def replicate(args, extra):
@@ -184,14 +195,14 @@ def replicate(args, extra):
             print("clone eval: out of GPU memory beside the arms; again, alone")
             clone_eval = run(cmd, log)
         if clone_eval.returncode:
-            sys.exit(f"error: bench.pair: the clone's eval failed: see {log}")
+            fail("the clone's eval failed", log, since_eval)
         records.write_whole(timing, f"{time.time() - t_clone_eval:.1f}\n")
         print(f"clone eval: {rates(evals['clone'])}, {time.time() - t_clone_eval:.0f} s (beside the arms)")
     at.update({arm: saved_iteration(os.path.join(out, arm)) for arm in args.arms})  # done() reads it
     if not carry(out, args.arms, with_ckpt=bool(args.lora_rank)):  # also what a failed arm had saved
         print(f"warning: bench.pair: packing {out}/carry.tgz after the stop failed; the one there is older")
     if failed:
-        sys.exit(f"error: bench.pair: {', '.join(failed)} failed: see {out}/{failed[0]}.log")
+        fail(f"{', '.join(failed)} failed; {failed[0]}", logs[failed[0]], since[failed[0]])
     if not all(map(done, args.arms)):
         print(
             f"bench.pair: the arms are at iterations {at} of {target}: run the same command again to go on "
@@ -216,12 +227,13 @@ def collect_expert(args, data, log, t0):
     k = max(1, min(args.procs, args.games))
     spans = [(args.games * i // k, args.games * (i + 1) // k) for i in range(k)]
     parts = [f"{data}.{i}" for i in range(k)]
+    since = log_size(log)
     procs = [
         run(["-m", "bench.bc", "--collect", part, "--first", str(a), "--games", str(b - a)], log, wait=False)
         for part, (a, b) in zip(parts, spans)
     ]
     if any(p.wait() for p in procs):
-        sys.exit(f"error: bench.pair: the expert's collection failed: see {log}")
+        fail("the expert's collection failed", log, since)
     with open(data + ".tmp", "w") as f:
         for part in parts:
             f.write(open(part).read())
@@ -278,7 +290,7 @@ def start_arms(args, extra, clone, lora, minutes, arms, at):
 def evaluate_exports(args, extra, log):
     """4b. The evals the arms' runs did not make (a --time_limit stop saves, not evaluates): their
     model/ exports, all at once, as the clone's -> OUT/ARM_eval/."""
-    procs = {}
+    procs, since = {}, log_size(log)
     for arm in args.arms:
         if evaluated(args.out, arm):
             continue
@@ -286,7 +298,7 @@ def evaluate_exports(args, extra, log):
         cmd = ["train.py", "--env", "alfworld", "--eval_only", "1", "--model", model, "--out_dir", out_dir]
         procs[arm] = run([*cmd, *ARM_FLAGS, *extra], log, wait=False)
     if any(p.wait() for p in procs.values()):
-        sys.exit(f"error: bench.pair: an arm's eval failed: see {log}")
+        fail("an arm's eval failed", log, since)
 
 
 def arm_eval(out, arm):
@@ -593,6 +605,8 @@ def main(argv=None):
         )
     if args.caches and not os.path.exists(args.caches):
         sys.exit(f"error: bench.pair: --caches {args.caches}: not found")
+    if not os.path.isdir(args.model):
+        sys.exit(f"error: bench.pair: --model {args.model}: no such folder (python smollm2.py DIR makes one)")
     args.out, args.model = os.path.abspath(args.out), os.path.abspath(args.model)
     try:
         replicate(args, extra)

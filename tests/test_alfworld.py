@@ -811,8 +811,9 @@ def test_an_arm_dead_of_cuda_out_of_memory_starts_again(tmp_path, monkeypatch, c
         "gigpo: out of GPU memory beside the other runs; again from iteration 2 (1)"
         in capsys.readouterr().out
     )
-    with pytest.raises(SystemExit, match="grpo failed"):
+    with pytest.raises(SystemExit, match="grpo failed") as e:
         replicate("other", {"gigpo": [ok], "grpo": [other, ok]})
+    assert "grpo: ValueError: not memory (log: " in str(e.value) and "\n" not in str(e.value)  # its last line
     monkeypatch.setattr(pair, "OOM_TRIES", 1)
     with pytest.raises(SystemExit, match="gigpo failed"):
         replicate("twice", {"gigpo": [oom, oom, ok], "grpo": [ok]})
@@ -851,7 +852,7 @@ def test_pair_keeps_the_seed_its_clone_was_made_with(tmp_path):
 def test_pair_caches_are_an_earlier_replicates_and_a_bad_one_is_one_line(tmp_path, capsys):
     """--caches SRC (an earlier replicate's OUT or carry.tgz) seeds a new arm's compile caches; a SRC
     without them, a broken archive, or no --lora_rank (whose arms alone read OUT/ARM/compile_cache) is
-    one line, before anything runs."""
+    one line, before anything runs; so is a --model that is not a folder."""
     from bench import pair
 
     (tmp_path / "old" / "grpo" / "compile_cache" / "inductor").mkdir(parents=True)
@@ -868,6 +869,7 @@ def test_pair_caches_are_an_earlier_replicates_and_a_bad_one_is_one_line(tmp_pat
     for flags, why in (
         (["--caches", str(tmp_path / "old")], "needs --lora_rank"),
         (["--caches", "x", "--lora_rank", "2"], "not found"),
+        (["--model", str(tmp_path / "none")], "--model " + str(tmp_path / "none") + ": no such folder"),
     ):
         with pytest.raises(SystemExit) as e:
             pair.main([*base, *flags])
