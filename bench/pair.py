@@ -502,6 +502,9 @@ def report(dirs, arms=ARMS):
     """The replicates in dirs (each with clone_eval/ and an out dir per arm) -> markdown tables."""
     runs = ("clone_eval", *arms)
     where = lambda d, k: arm_eval(d, k) if k in arms else os.path.join(d, k)  # noqa: E731
+    for d in dirs:
+        if not os.path.isdir(d):
+            sys.exit(f"error: bench.pair --report: {d}: no such folder (give replicates' --out folders)")
     for d, k in ((d, k) for d in dirs for k in runs):
         if not evaluate.complete(where(d, k)):
             sys.exit(

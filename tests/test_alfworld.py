@@ -662,6 +662,8 @@ def test_pair_report_pools_games_and_replicates(tmp_path):
     with pytest.raises(SystemExit) as e:
         pair.main(["--report", str(tmp_path / "r1"), str(tmp_path / "r2")])
     assert "r2 has no whole final eval of grpo" in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(SystemExit, match="r3: no such folder"):
+        pair.main(["--report", str(tmp_path / "r1"), str(tmp_path / "r3")])
 
 
 def test_bc_lora_clone_is_rebuilt_from_its_adapter(tiny_model, tmp_path):
