@@ -73,10 +73,10 @@ ARMS = ("gigpo", "grpo")
 # the arms' (and the clone eval's) settings: docs/envs.md, "RL from the tagged clone"; two runs share
 # one GPU, so each engine has a fixed cache and 8 env workers, and the compiled update 32768-token
 # micro-batches with activation checkpointing (the same gradients: tests/test_dist.py). Two arms
-# beside the clone's eval ran out of an H100's 80 GB (replicate 2); torch's peak reserve was 36-48 GiB
-# an arm without checkpointing, 39-44 with (its update ~1.7x slower), so most of it was not the
-# layers' activations: an arm kept its update's cached blocks while generating, until train.py gave
-# them back after each update (release_cached_memory)
+# beside the clone's eval ran out of an H100's 80 GB (replicate 2). Torch's peak reserve was 36-48 GiB
+# an arm without checkpointing, 39-44 with, and an arm kept its update's cached blocks while
+# generating until train.py gave them back after each update (release_cached_memory); pair.md's
+# gpu_alloc_gib shows what an arm uses
 ARM_FLAGS = (
     "--max_response_tokens 64 --lr 1e-5 --engine vllm --gpu_memory_utilization 0 --kv_cache_mb 4096 "
     "--env_workers 8 --micro_batch_tokens 32768 --grad_ckpt 1 --eval_every 100000"
