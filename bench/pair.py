@@ -76,10 +76,11 @@ ARMS = ("gigpo", "grpo")
 # beside the clone's eval ran out of an H100's 80 GB (replicate 2). Torch's peak reserve was 36-48 GiB
 # an arm without checkpointing, 39-44 with, and an arm kept its update's cached blocks while
 # generating until train.py gave them back after each update (release_cached_memory); pair.md's
-# gpu_alloc_gib shows what an arm uses
+# gpu_alloc_gib shows what an arm uses. --metrics all: each line also splits the update's time
+# (time_logprobs, time_ref_logprobs) and the rollout's
 ARM_FLAGS = (
     "--max_response_tokens 64 --lr 1e-5 --engine vllm --gpu_memory_utilization 0 --kv_cache_mb 4096 "
-    "--env_workers 8 --micro_batch_tokens 32768 --grad_ckpt 1 --eval_every 100000"
+    "--env_workers 8 --micro_batch_tokens 32768 --grad_ckpt 1 --eval_every 100000 --metrics all"
 ).split()
 
 
