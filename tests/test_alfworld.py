@@ -603,7 +603,7 @@ def test_pair_stops_its_running_stages_when_it_is_stopped(tmp_path):
         "    p = P.run(['-c', 'import time; time.sleep(600)'], sys.argv[1], wait=False)\n"
         "    print(p.pid, flush=True); time.sleep(600)\n"
         "P.replicate = rep; signal.signal(signal.SIGTERM, P._interrupt)\n"
-        "P.main(['--model', sys.argv[1], '--out', sys.argv[2]])\n"
+        "P.main(['--model', '.', '--out', sys.argv[2]])\n"
     )
     cmd = [sys.executable, "-c", script, str(tmp_path / "stage.log"), str(tmp_path / "out")]
     p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
