@@ -322,8 +322,7 @@ def metrics_line(cfg, m):
         "vf_clip_frac": cfg.algo == "ppo",
         "dropped_groups": cfg.dynamic_sampling,
         "worker_died": cfg.env_workers > 0,
-        "gpu_mem_gib": m.get("gpu_mem_gib") is not None,
-        "gpu_alloc_gib": m.get("gpu_alloc_gib") is not None,
+        **{k: m.get(k) is not None for k in ("gpu_mem_gib", "gpu_alloc_gib")},  # on a GPU
     }
     return {
         k: v for k, v in m.items() if k in DEFAULT_METRICS or k.startswith("eval_success/") or feature.get(k)

@@ -386,7 +386,7 @@ def release_cached_memory(device):
 def metrics(cfg, it, batch, stats, timing, timer, eval_rates, t_run):
     """Section 6: the metrics line (docs/training.md, "Metrics"): the default keys, or all (--metrics all).
     batch: (samples, trained samples, episodes, dead-worker episodes, advantages, old log-probs)."""
-    dt, trained = timer.since_start(), batch[1]
+    dt, trained, gpu = timer.since_start(), batch[1], torch.cuda.is_initialized()
     summed = records.training_metrics(*batch)  # all ranks
     tokens = all_reduce(sum(len(s.prompt_ids) + len(s.response_ids) for s in trained))
     return records.metrics_line(
@@ -410,11 +410,10 @@ def metrics(cfg, it, batch, stats, timing, timer, eval_rates, t_run):
             "eval_success": headline(eval_rates) if eval_rates else None,
             **{f"eval_success/{k}": v for k, v in eval_rates.items() if k != "held-out"},
             "wall": time.perf_counter() - t_run,
-            # what sizes bench.sweep's --parallel on a shared GPU: torch's peak reserve in this process
-            "gpu_mem_gib": torch.cuda.max_memory_reserved() / 2**30 if torch.cuda.is_initialized() else None,
-            "gpu_alloc_gib": torch.cuda.max_memory_allocated() / 2**30
-            if torch.cuda.is_initialized()
-            else None,
+            # what sizes bench.sweep's --parallel on a shared GPU: torch's peak reserve in this process,
+            # and its peak in use
+            "gpu_mem_gib": torch.cuda.max_memory_reserved() / 2**30 if gpu else None,
+            "gpu_alloc_gib": torch.cuda.max_memory_allocated() / 2**30 if gpu else None,
         },
     )
 

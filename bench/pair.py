@@ -132,9 +132,7 @@ def run(cmd, log, wait=True, env=None):
 def fail(what, log, since):
     """Ends bench.pair in one line: what failed, the last line its stage wrote to log past byte
     `since`, and where the log is."""
-    with open(log, "rb") as f:
-        f.seek(max(since, log_size(log) - 20_000))
-        lines = [x.strip() for x in f.read().decode(errors="replace").replace("\r", "\n").split("\n")]
+    lines = [x.strip() for x in log_tail(log, since).replace("\r", "\n").split("\n")]
     last = ([x for x in lines if x] or ["(it wrote nothing)"])[-1][:300]
     sys.exit(f"error: bench.pair: {what}: {last} (log: {log})")
 
@@ -391,12 +389,17 @@ def log_size(path):
     return os.path.getsize(path) if os.path.exists(path) else 0
 
 
+def log_tail(log, since):
+    """What a stage wrote to log past byte `since`: its last 20,000 bytes at most, as text."""
+    with open(log, "rb") as f:
+        f.seek(max(since, log_size(log) - 20_000))
+        return f.read().decode(errors="replace")
+
+
 def died_of_oom(log, since):
     """Whether what a stage wrote to log past byte `since` ends in GPU memory running out (torch's
     "CUDA out of memory" in train.py's last line, or the engine's "GPU out of memory" on waking)."""
-    with open(log, "rb") as f:
-        f.seek(max(since, log_size(log) - 20_000))
-        return b"out of memory" in f.read()
+    return "out of memory" in log_tail(log, since)
 
 
 def checkpoints(out, arms):
@@ -544,11 +547,10 @@ def report(dirs, arms=ARMS):
     for s in splits[: len(splits) * (len(arms) == 2)]:
         above, below, p = evaluate.paired(gains[s][arms[0]], gains[s][arms[1]])
         floor = 0.5 ** (len(dirs) - 1)  # the smallest two-sided p of a sign test on this many
+        note = f" (its smallest possible p here: {floor:.3f})" if floor >= 0.05 else ""
         across.append(
             f"{s}: {arms[0]}'s gain above {arms[1]}'s in {above} of {len(dirs)} replicates, below in "
-            f"{below}, sign test p {p:.3f}"
-            + f" (its smallest possible p here: {floor:.3f})"
-            * (floor >= 0.05)
+            f"{below}, sign test p {p:.3f}{note}"
         )
     head = ["replicate", "split", "iterations", "clone", *arms, *(f"{a} gain" for a in arms)]
     lines = table(head, per_rep) + [
