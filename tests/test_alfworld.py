@@ -618,7 +618,7 @@ def test_pair_stops_its_running_stages_when_it_is_stopped(tmp_path):
 def test_pair_report_pools_games_and_replicates(tmp_path):
     """bench.pair --report on two made-up replicates of 4 games: gains per replicate, the sign test on
     every replicate's games in one list (also by task type), and across replicates."""
-    from bench import pair
+    from bench import pair, pair_report
 
     wins = {  # replicate -> run -> valid_seen games won
         "r1": {"clone_eval": [0, 0, 0, 0], "gigpo": [1, 1, 0, 0], "grpo": [0, 0, 0, 1]},
@@ -640,7 +640,7 @@ def test_pair_report_pools_games_and_replicates(tmp_path):
             for i, x in enumerate(success)
         ]
         (tmp_path / "r1" / run / "metrics.jsonl").write_text("".join(lines))
-    assert pair.trajectory(str(tmp_path / "r1"), pair.ARMS, block=2).splitlines()[2:] == [
+    assert pair_report.trajectory(str(tmp_path / "r1"), pair.ARMS, block=2).splitlines()[2:] == [
         "| gigpo | 0.150 | 0.400 |",  # iterations 1-2, 3-4
         "| grpo | 0.100 | - |",  # a block it has not finished
         "",  # then the cost: medians after the first iteration (compile's), peaks over all; CPU: no memory
