@@ -49,8 +49,8 @@ RESUME_FREE = set(
     "engine kv_cache_mb gpu_memory_utilization compile log_groups log_mb peak_tflops env_args metrics "
     "overlap early_logprobs grad_ckpt micro_batch_tokens".split()
 )
-RUN_FILES = ("ckpt", "ckpt.old", "model", "metrics.jsonl", "eval.json")  # what makes an out_dir hold a run
-# (an empty metrics.jsonl does not, nor an eval.json cut short: "complete" false, no result to keep)
+# what makes an out_dir hold a run (an empty log does not, nor an eval.json cut short: "complete" false)
+RUN_FILES = ("ckpt", "ckpt.old", "model", "metrics.jsonl", "episodes.jsonl", "eval.json")
 _LOCKS = {}  # out_dir (real path) -> its locked .lock file, open until the process ends
 
 
@@ -77,12 +77,12 @@ def claim_out_dir(cfg):
 
 
 def run_files(out_dir):
-    """The RUN_FILES out_dir holds (an empty metrics.jsonl, or an eval.json cut short, is none)."""
+    """The RUN_FILES out_dir holds (an empty log, or an eval.json cut short, is none)."""
     return [
         f
         for f in RUN_FILES
         if os.path.exists(path := os.path.join(out_dir, f))
-        and (f != "metrics.jsonl" or os.path.getsize(path))
+        and (not f.endswith(".jsonl") or os.path.getsize(path))
         and (f != "eval.json" or complete(path))
     ]
 

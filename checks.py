@@ -99,6 +99,8 @@ def check_config(cfg):
         )
     if not cfg.lr > 0:
         bad(f"--lr {cfg.lr} must be > 0")
+    if cfg.lr_min > 1:
+        bad(f"--lr_min {cfg.lr_min} must be <= 1: the cosine decay's floor, a share of --lr (1 = constant)")
     if not cfg.clip > 0:
         bad(f"--clip {cfg.clip} must be > 0")
     if cfg.lora_rank:
@@ -126,6 +128,10 @@ def check_config(cfg):
         bad(str(e))
     except ValueError as e:  # an --eval_sets name, or (WebShop, Search: built here) a bad --env_args value
         bad(str(e) if str(e).startswith("--") else f"--env_args {cfg.env_args!r}: {e}")
+    local = os.path.isabs(cfg.model) or cfg.model.startswith(".")
+    if cfg.model != "tiny" and local and not os.path.isdir(cfg.model):
+        bad(f"--model {cfg.model}: no such folder (give a saved model folder or a hub name)")
+    made = not os.path.exists(cfg.out_dir)  # by this check: removed again if the model lookup fails
     if not cfg.eval_only:  # out_dir is written from the first iteration on: a folder we can write
         if os.path.exists(cfg.out_dir) and not os.path.isdir(cfg.out_dir):
             bad(f"--out_dir {cfg.out_dir} is a file, not a folder")
@@ -135,13 +141,13 @@ def check_config(cfg):
         except OSError as e:
             bad(f"--out_dir {cfg.out_dir}: cannot write there ({e.strerror or first_line(e)})")
     if cfg.model != "tiny":  # last: a hub name is looked up (with retries when offline)
-        if (os.path.isabs(cfg.model) or cfg.model.startswith(".")) and not os.path.isdir(cfg.model):
-            bad(f"--model {cfg.model}: no such folder (give a saved model folder or a hub name)")
         from transformers import AutoConfig
 
         try:
             AutoConfig.from_pretrained(cfg.model)
         except Exception as e:  # transformers and the hub client say "not found" in many types
+            if made and not os.listdir(cfg.out_dir):
+                os.rmdir(cfg.out_dir)
             bad(f"--model {cfg.model}: {first_line(e)}")
 
 

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from checks import fail
+from checks import fail, first_line
 from fsdp import all_reduce
 
 PROMPT_CHARS = 4000
@@ -352,9 +352,25 @@ def show_progress(bar, m, it, wandb, line):
         )
 
 
+def logged_rates(meta):
+    """The eval rates a checkpoint's metrics line shows (eval_success, eval_success/SET...) as the dict
+    train.metrics turns back into those keys: a resumed run's lines show the last eval until its next
+    one, as a run left alone does. None (a fresh run) or a line before any eval -> {}."""
+    m = json.loads((meta or {}).get("metrics_line") or "{}")
+    sets = {k.split("/", 1)[1]: v for k, v in m.items() if k.startswith("eval_success/")}
+    return sets or ({"held-out": m["eval_success"]} if m.get("eval_success") is not None else {})
+
+
 def open_wandb(cfg):
-    """--wandb 1 (rank 0): a Weights & Biases run with the config, its files under out_dir."""
+    """--wandb 1 (rank 0): a Weights & Biases run with the config, its files under out_dir; where wandb
+    cannot start (no API key, no network), one line before the model is built."""
     import wandb
 
-    wandb.init(project="gigpo", config=dataclasses.asdict(cfg), dir=cfg.out_dir)
+    try:
+        wandb.init(project="gigpo", config=dataclasses.asdict(cfg), dir=cfg.out_dir)
+    except (wandb.errors.Error, OSError) as e:
+        fail(
+            f"--wandb 1: wandb could not start ({first_line(e)}); run `wandb login`, set WANDB_MODE=offline "
+            "(no account or network), or drop --wandb"
+        )
     return wandb

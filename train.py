@@ -220,6 +220,7 @@ def main(argv=None):
         return evaluate_only(cfg, rank, device, eval_envs, prompt)
     envs = GroupedEnvs(cfg.env, cfg.n_groups // world, cfg.group_size, workers=cfg.env_workers, **env_args)
     print0(f"config: {json.dumps(config)}\n{batch_arithmetic(cfg, world, envs)}")
+    wandb = records.open_wandb(cfg) if cfg.wandb and rank == 0 else None  # before the build: fails fast
     t_set_up.append(time.perf_counter())
     if not meta or meta["iteration"] < cfg.iterations:  # env workers: the first games load beside the build
         envs.prefetch(rank_seeds(cfg, envs, rank, (meta["iteration"] if meta else 0) + 1))
@@ -232,7 +233,6 @@ def main(argv=None):
     t_set_up.append(time.perf_counter())
     random_play.set_up(print0, t_set_up, engine)
     log = open_metrics_log(cfg.out_dir, kept, start) if rank == 0 else None
-    wandb = records.open_wandb(cfg) if cfg.wandb and rank == 0 else None
     episode_log = records.EpisodeLog(cfg.out_dir, records.LOG_MB, start) if rank == 0 else None
     # shown: this iteration's recorded training episodes, wandb's table at the next eval
     shown, t_run, limit = [], time.perf_counter(), 60 * cfg.time_limit
@@ -273,7 +273,8 @@ def main(argv=None):
                 wandb.log({"episodes": records.wandb_table(wandb, shown)}, step=it)
         # 6. log: the metrics line first, then the checkpoint (ckpt/ and model/ never lead the log)
         batch = (samples, trained, episodes, n_dead, adv, old)
-        m = metrics(cfg, it, batch, {**adv_stats, **upd}, timing, timer, eval_rates, t_run)
+        shows = eval_rates or records.logged_rates(meta)  # resumed: the last eval's until a new one
+        m = metrics(cfg, it, batch, {**adv_stats, **upd}, timing, timer, shows, t_run)
         if rank == 0:
             records.append_lines(log, json.dumps(m) + "\n")
         if checkpoint:

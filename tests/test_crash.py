@@ -19,6 +19,7 @@ import torch
 from conftest import SMALL_RUN, iterations
 
 import checkpoint
+import records
 import train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -373,6 +374,36 @@ def test_time_limit_stops_saved_not_evaluated_then_resume_goes_on(tmp_path, caps
     assert json.load(open(out / "eval.json"))["iteration"] == 3
     last = capsys.readouterr().out.strip().splitlines()[-1]  # the eval it reports, named
     assert last.startswith("held-out success") and last.endswith("at iteration 3"), last
+
+
+def test_a_resumed_run_logs_the_last_eval_until_its_next(tmp_path):
+    """eval_success is the last eval's on every line (docs/training.md); a resume used to log null
+    from its first iteration until its own first eval."""
+    out = tmp_path / "run"
+    args = [*ARGS, "--eval_every", "2", "--out_dir", str(out)]
+    train.main([*args, "--iterations", "3", "--time_limit", "1e-9", "--save_every", "1"])  # saved at 1
+    train.main([*args, "--iterations", "2", "--resume", "1"])  # 2: evaluated
+    train.main([*args, "--iterations", "5", "--resume", "1"])  # 3 carries 2's, 4 its own
+    lines = [json.loads(line) for line in open(out / "metrics.jsonl")]
+    ev = [m["eval_success"] for m in lines]
+    assert ev[0] is None and ev[1] is not None and ev[2] == ev[1] and ev[3] is not None, ev
+    line = {"eval_success": 0.2, "eval_success/valid_seen": 0.2, "eval_success/valid_seen/pick": 0.3}
+    rates = records.logged_rates(
+        {"metrics_line": json.dumps(line)}
+    )  # named sets (ALFWorld) come back as sets
+    assert rates == {"valid_seen": 0.2, "valid_seen/pick": 0.3} and records.logged_rates(None) == {}
+
+
+def test_a_fresh_run_keeps_an_episode_log_it_did_not_write(tmp_path):
+    """An out_dir holding only episodes.jsonl (a run killed between its episode records and its first
+    metrics line, or a user's file) was emptied by a fresh run; now it is a run, refused in one line."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "episodes.jsonl").write_text('{"iteration": 1}\n')
+    with pytest.raises(SystemExit) as e:
+        train.main([*ARGS, "--iterations", "1", "--out_dir", str(out)])
+    one_line_error(e, "holds a run (episodes.jsonl)", "new --out_dir")
+    assert (out / "episodes.jsonl").read_text() == '{"iteration": 1}\n'
 
 
 def test_time_limit_stop_after_an_eval_reports_that_eval_and_its_iteration(tmp_path, capsys, monkeypatch):

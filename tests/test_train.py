@@ -93,6 +93,8 @@ def test_help_lists_every_flag_with_the_env_s_defaults():
         (["--kl_coef", "inf"], "--kl_coef"),
         (["--entropy_coef", "-inf"], "--entropy_coef"),
         (["--model", "/nonexistent"], "--model"),
+        (["--model", str(ROOT) + "/tests"], "--model"),  # a folder, no model in it
+        (["--lr_min", "2"], "--lr_min"),  # a floor above --lr: the lr rose over the run
         (["--out_dir", "/proc/x"], "--out_dir"),
         (["--out_dir", "A_FILE"], "--out_dir"),
         (["--eval_every", "0"], "--eval_every"),
@@ -123,6 +125,8 @@ def test_bad_values_are_one_line_that_names_the_flag(args, words, tmp_path):
         train.check_config(cfg)
     msg = str(e.value.code)
     assert msg.startswith("error: ") and words in msg and "\n" not in msg, msg
+    if "--out_dir" not in args:  # a bad flag leaves no out_dir behind (it was made only by the check)
+        assert not (tmp_path / "out").exists()
     assert train.check_config(train.Config(eval_temperature=0.0, out_dir=str(tmp_path / "ok"))) is None
 
 
@@ -613,6 +617,20 @@ def test_dead_worker_episodes_are_neither_trained_on_nor_counted(tmp_path, monke
     row = json.loads(open(tmp_path / "metrics.jsonl").readline())
     assert (row["success"], row["samples"]) == (1.0, 3) and sorted(trained) == [1, 2, 3]
     assert row["worker_died"] == 1
+
+
+def test_wandb_without_an_account_is_one_line_before_the_build(tmp_path):
+    """--wandb 1 with no API key (and not offline) used to end in wandb's 26-line traceback after the
+    model was built; now one line naming the ways on, with no metrics line written."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    env["HOME"] = str(tmp_path)  # no ~/.netrc key
+    out = tmp_path / "run"
+    cmd = [sys.executable, "train.py", "--iterations", "1", "--wandb", "1", "--out_dir", str(out)]
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+    last = r.stderr.strip().splitlines()[-1]
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert last.startswith("error: --wandb 1:") and "wandb login" in last and "WANDB_MODE=offline" in last
+    assert not (out / "metrics.jsonl").exists()
 
 
 def test_episodes_on_disk_and_wandb_offline(tmp_path):
