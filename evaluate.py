@@ -383,12 +383,24 @@ def compare(path_a, path_b):
     return "\n".join([head, *rows])
 
 
-if __name__ == "__main__":  # python -m evaluate RUN_A RUN_B: two evals of the same games, game by game
-    if len(sys.argv) != 3:
-        sys.exit("usage: python -m evaluate RUN_A RUN_B   (out dirs, or their eval.json files)")
+USAGE = "usage: python -m evaluate RUN_A RUN_B   (out dirs, or their eval.json files)"
+
+
+def main(argv=None):
+    """python -m evaluate RUN_A RUN_B: two evals of the same games, game by game (compare())."""
+    argv = sys.argv[1:] if argv is None else argv
+    if "-h" in argv or "--help" in argv:
+        print(USAGE)
+        return
+    if len(argv) != 2:
+        sys.exit(USAGE)
     try:
-        print(compare(*sys.argv[1:]))
+        print(compare(*argv))
     except ValueError as e:  # paired(): not the same games
         sys.exit(f"error: {e}")
     except (KeyError, TypeError, AttributeError, IndexError) as e:  # a hand-made eval.json
         sys.exit(f"error: an eval.json is not as evaluate.py writes it ({type(e).__name__}: {e})")
+
+
+if __name__ == "__main__":
+    main()

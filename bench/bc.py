@@ -228,7 +228,7 @@ def merge(base, adapter, out):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument(
         "--collect", metavar="OUT.jsonl", help="write expert steps here ({prompt} = the prompt's name)"
     )

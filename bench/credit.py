@@ -131,7 +131,7 @@ def report(name, rows):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument(
         "runs", nargs="+", help="out dirs of train.py runs (episodes.jsonl with --log_groups >= 1)"
     )

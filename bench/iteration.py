@@ -160,7 +160,7 @@ def report(lines, name, argv, start_up):
 
 def main():
     t_start = time.perf_counter()
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     add = ap.add_argument
     add("--shape", choices=sorted(SHAPES), default="1.5b", help="bench.update's model shapes")
     add("--env", default="alfworld", help="train.py --env (its preset applies)")

@@ -438,7 +438,7 @@ def dropped(path):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--model", help="the HF folder to clone from (python smollm2.py DIR)")
     ap.add_argument("--out", help="the replicate's folder")
     ap.add_argument("--games", type=int, default=300, help="expert train games 0..N-1")

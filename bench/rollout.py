@@ -123,7 +123,7 @@ def logp_gap_report(model, samples):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--rounds", type=int, default=5, help="rollouts per engine (tiny model)")
     ap.add_argument("--smollm2", action="store_true", help="also SmolLM2-135M-Instruct")
     ap.add_argument("--smollm2_rounds", type=int, default=2)

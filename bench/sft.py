@@ -78,7 +78,7 @@ def policy_success(policy, states, max_steps=10):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument(
         "--model", required=True, help="a chat model directory (python smollm2.py DIR writes one)"
     )

@@ -7,8 +7,9 @@ Each run gets `--threads` torch threads and its own out dir under --out, OUT/NAM
 distinct, without '/', and a --run sets neither --seed nor --out_dir); its metrics.jsonl is read
 back. An --out that already holds one of those run dirs is refused (train.py would refuse each run):
 `--report` summarises them, a new --out runs again. Runs that fail or end without a held-out eval
-are named in the last line, which exits 1; configs with such runs are not compared. Wall times are
-those of the machine and the parallelism the command ran with: compare configs only within one sweep.
+are named in the last line, with the first one's last log line (train.py's error), which exits 1;
+configs with such runs are not compared. Wall times are those of the machine and the parallelism
+the command ran with: compare configs only within one sweep.
 
 Below the table, the first config is compared with every other one, their seeds as two samples: the
 difference of mean final held-out success (first - other) with a 95% bootstrap interval (10,000
@@ -90,6 +91,18 @@ def run_one(k, name, flags, seed, args):
         rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode
     print(f"{name} seed {seed}: rc {rc}, {time.time() - t0:.0f}s", flush=True)
     return name, seed, out, rc
+
+
+def last_line(log, limit=300):
+    """A run's log -> its last non-empty line (train.py's one-line error), cut to limit; '' if none."""
+    try:
+        with open(log, "rb") as f:
+            f.seek(max(0, os.path.getsize(log) - 4096))  # the tail: a long run's log is large
+            lines = f.read().decode(errors="replace").replace("\r", "\n").splitlines()  # \r: progress bars
+    except OSError:
+        return ""
+    line = next((x.strip() for x in reversed(lines) if x.strip()), "")
+    return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
 SAMPLED = 5  # the sampled-policy measure: mean training success over a run's last 5 iterations read
@@ -227,10 +240,15 @@ def main():
             f"error: {held[0]} already holds a run ({len(held)} of the {len(dirs)} run dirs do): "
             f"--report summarises them; a new --out runs the sweep again"
         )
-    os.makedirs(args.out, exist_ok=True)
+    if args.report and not held:
+        what = "holds none of the runs' folders" if os.path.isdir(args.out) else "no such folder"
+        sys.exit(f"error: bench.sweep --report: {args.out}: {what} (run the sweep first, without --report)")
+    if args.parallel < 1:
+        sys.exit(f"error: --parallel {args.parallel}: give 1 or more (the runs at a time)")
     if args.report:
         done = [(name, seed, d, None) for (name, _, seed), d in zip(jobs, dirs)]
     else:
+        os.makedirs(args.out, exist_ok=True)
         with ThreadPoolExecutor(args.parallel) as pool:
             done = list(pool.map(lambda kj: run_one(kj[0], *kj[1], args), enumerate(jobs)))
     for at in args.at:
@@ -264,10 +282,14 @@ def main():
     failed = [
         (name, seed, d) for (name, seed, d, rc), row in zip(done, final) if rc or math.isnan(row["final"])
     ]
-    if failed:
+    if failed:  # the first failed run's own last line (train.py's one-line error) says why
+        why = next(
+            (f"{os.path.basename(d)}: {line}; " for *_, d in failed if (line := last_line(d + ".log"))), ""
+        )
         sys.exit(
-            f"error: {len(failed)} of {len(done)} runs failed or have no held-out eval: "
-            + ", ".join(f"{name} seed {seed} ({d}.log)" for name, seed, d in failed)
+            f"error: {len(failed)} of {len(done)} runs failed or have no held-out eval ({why}logs: "
+            + ", ".join(f"{d}.log" for *_, d in failed)
+            + ")"
         )
 
 

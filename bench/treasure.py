@@ -61,7 +61,7 @@ def action_table(model_dir, size=5, max_tokens=None):
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--model", required=True, help="a saved model folder (out/model) or an HF name")
     ap.add_argument(
         "--max_tokens",

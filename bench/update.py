@@ -259,7 +259,7 @@ def profile(model, opt, sched, samples, cfg, device, log, packed):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--shape", choices=sorted(SHAPES), default="1.5b")
     ap.add_argument("--samples", type=int, default=256, help="step samples in the batch (all ranks)")
     ap.add_argument("--prompt", type=int, default=2048, help="max prompt tokens")

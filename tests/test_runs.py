@@ -557,6 +557,33 @@ def test_sweep_of_failed_runs_exits_nonzero_without_a_p_value(tmp_path):
     assert "p = " not in r.stdout, r.stdout
     last = r.stderr.strip().splitlines()[-1]
     assert last.startswith("error: 4 of 4 runs failed") and "a-s0.log" in last, r.stderr
+    # the first failed run's own one-line error, which was only in its log
+    assert "(a-s0: error: --lr -1.0 must be > 0; logs: " in last, r.stderr
+
+
+def test_sweep_parallel_0_is_one_line_before_any_run(tmp_path):
+    """--parallel 0 was a ValueError traceback from the thread pool, after making --out."""
+    r = sweep("--out", str(tmp_path / "sweep"), "--seeds", "0", "--parallel", "0", "--run", "a=")
+    assert r.returncode != 0 and r.stderr.strip().splitlines() == [
+        "error: --parallel 0: give 1 or more (the runs at a time)"
+    ], r.stderr
+    assert not os.path.exists(tmp_path / "sweep")
+
+
+def test_sweep_report_of_no_runs_is_one_line_and_makes_no_folder(tmp_path):
+    """--report on a missing --out made it and reported each run as failed."""
+    r = sweep("--report", "--out", str(tmp_path / "none"), "--run", "a=")
+    assert r.returncode != 0 and r.stderr.strip().splitlines() == [
+        f"error: bench.sweep --report: {tmp_path / 'none'}: no such folder "
+        "(run the sweep first, without --report)"
+    ], r.stderr
+    assert not os.path.exists(tmp_path / "none") and not r.stdout
+    (tmp_path / "other" / "b-s0").mkdir(parents=True)  # another config's runs only
+    (tmp_path / "other" / "b-s0" / "metrics.jsonl").write_text('{"iteration": 1}\n')
+    r = sweep("--report", "--out", str(tmp_path / "other"), "--seeds", "0", "--run", "a=")
+    assert r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "holds none of the runs' folders" in r.stderr and not r.stdout, r.stderr
+    assert os.listdir(tmp_path / "other") == ["b-s0"]
 
 
 def test_sweep_refuses_an_out_that_holds_runs(tmp_path):
@@ -613,3 +640,37 @@ def test_a_lora_checkpoint_holds_the_adapters_resumes_exactly_and_checks_its_bas
     with pytest.raises(SystemExit) as e:
         train.main([*lora, "--iterations", "4", "--out_dir", str(tmp_path / "cut"), "--resume", "1"])
     one_line_error(e, "frozen base weights", "same base model")
+
+
+# ---- plots.py and python -m evaluate ----
+@pytest.mark.parametrize("n, kept", [(0, []), (2, [3, 4]), (9, [0, 1, 2, 3, 4])])
+def test_plots_embeds_the_newest_max_episodes_and_0_embeds_none(tmp_path, capsys, n, kept):
+    """--max_episodes 0 embedded every episode ([-0:]), and 9 of 5 must not wrap around."""
+    import plots
+
+    (tmp_path / "metrics.jsonl").write_text(
+        "".join(f'{{"iteration": {i}, "success": 0.5}}\n' for i in (1, 2))
+    )
+    (tmp_path / "episodes.jsonl").write_text("".join(json.dumps({"traj": k}) + "\n" for k in range(5)))
+    plots.main([str(tmp_path), "--max_episodes", str(n)])
+    assert f"(2 iterations, {len(kept)} episodes)" in capsys.readouterr().out
+    page = (tmp_path / "report.html").read_text()
+    assert f"const EPISODES = {json.dumps([{'traj': k} for k in kept])};" in page
+
+
+def test_plots_refuses_a_negative_max_episodes_in_one_line(tmp_path):
+    """-1 embedded all but the oldest episode."""
+    import plots
+
+    (tmp_path / "metrics.jsonl").write_text('{"iteration": 1, "success": 0.5}\n')
+    with pytest.raises(SystemExit) as e:
+        plots.main([str(tmp_path), "--max_episodes", "-1"])
+    one_line_error(e, "--max_episodes -1", "0 or more")
+    assert not (tmp_path / "report.html").exists()
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["-h"], ["--help", "c1"], ["a", "b", "-h"]])
+def test_evaluate_help_anywhere_prints_the_usage_and_exits_0(capsys, argv):
+    """--help exited 1, and `--help c1` read --help as an eval.json."""
+    evaluate.main(argv)  # returns: exit status 0
+    assert capsys.readouterr().out.startswith("usage: python -m evaluate RUN_A RUN_B")
