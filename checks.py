@@ -131,7 +131,7 @@ def check_config(cfg):
     local = os.path.isabs(cfg.model) or cfg.model.startswith(".")
     if cfg.model != "tiny" and local and not os.path.isdir(cfg.model):
         bad(f"--model {cfg.model}: no such folder (give a saved model folder or a hub name)")
-    made = not os.path.exists(cfg.out_dir)  # by this check: removed again if the model lookup fails
+    made = not cfg.eval_only and not os.path.exists(cfg.out_dir)  # made below: gone again if --model fails
     if not cfg.eval_only:  # out_dir is written from the first iteration on: a folder we can write
         if os.path.exists(cfg.out_dir) and not os.path.isdir(cfg.out_dir):
             bad(f"--out_dir {cfg.out_dir} is a file, not a folder")

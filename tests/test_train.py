@@ -94,6 +94,7 @@ def test_help_lists_every_flag_with_the_env_s_defaults():
         (["--entropy_coef", "-inf"], "--entropy_coef"),
         (["--model", "/nonexistent"], "--model"),
         (["--model", str(ROOT) + "/tests"], "--model"),  # a folder, no model in it
+        (["--eval_only", "1", "--model", str(ROOT) + "/tests"], "--model"),
         (["--lr_min", "2"], "--lr_min"),  # a floor above --lr: the lr rose over the run
         (["--out_dir", "/proc/x"], "--out_dir"),
         (["--out_dir", "A_FILE"], "--out_dir"),
