@@ -329,6 +329,12 @@ def metrics_line(cfg, m):
     }
 
 
+def progress_bar(start, iterations, rank):
+    """The iterations after start, as a bar on rank 0 (show_progress writes its figures and lines)."""
+    its = range(start + 1, iterations + 1)
+    return tqdm(its, "train", initial=start, total=iterations, disable=rank != 0, dynamic_ncols=True)
+
+
 def show_progress(bar, m, it, wandb, line):
     """Rank 0: the metrics to wandb (when asked), the live numbers on the bar, and with `line` a
     printed summary (the first iteration and every eval)."""

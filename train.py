@@ -39,7 +39,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 import gigpo
 import records
@@ -236,10 +235,10 @@ def main(argv=None):
     episode_log = records.EpisodeLog(cfg.out_dir, records.LOG_MB, start) if rank == 0 else None
     # shown: this iteration's recorded training episodes, wandb's table at the next eval
     shown, t_run, limit = [], time.perf_counter(), 60 * cfg.time_limit
-    eval_rates, eval_it, saved = {}, start, start  # the last eval's rates and iteration; ckpt/'s iteration
+    # the last eval's rates and iteration (logged: a resume's, in its lines until an eval); ckpt/'s iteration
+    eval_rates, eval_it, logged, saved = {}, start, records.logged_rates(meta), start
     lp = dict(cfg=cfg, device=device, pad_id=tok.pad_token_id, packed=packed)  # the log-prob passes' inputs
-    its = range(start + 1, cfg.iterations + 1)
-    bar = tqdm(its, "train", initial=start, total=cfg.iterations, disable=rank != 0, dynamic_ncols=True)
+    bar = records.progress_bar(start, cfg.iterations, rank)
     for it in bar:
         timer = records.Timer()
         # 1. collect: this rank's groups, each from its own seed; every env step is a sample
@@ -273,8 +272,7 @@ def main(argv=None):
                 wandb.log({"episodes": records.wandb_table(wandb, shown)}, step=it)
         # 6. log: the metrics line first, then the checkpoint (ckpt/ and model/ never lead the log)
         batch = (samples, trained, episodes, n_dead, adv, old)
-        shows = eval_rates or records.logged_rates(meta)  # resumed: the last eval's until a new one
-        m = metrics(cfg, it, batch, {**adv_stats, **upd}, timing, timer, shows, t_run)
+        m = metrics(cfg, it, batch, {**adv_stats, **upd}, timing, timer, eval_rates or logged, t_run)
         if rank == 0:
             records.append_lines(log, json.dumps(m) + "\n")
         if checkpoint:

@@ -63,6 +63,7 @@ import evaluate
 import records
 import train
 from bench.pair_report import arm_eval, rates, report, saved_iteration, trajectory
+from bench.sweep import last_line, log_tail
 from engine import cache_files
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # stages run from here
@@ -128,8 +129,7 @@ def run(cmd, log, wait=True, env=None):
 def fail(what, log, since):
     """Ends bench.pair in one line: what failed, the last line its stage wrote to log past byte
     `since`, and where the log is."""
-    lines = [x.strip() for x in log_tail(log, since).replace("\r", "\n").split("\n")]
-    last = ([x for x in lines if x] or ["(it wrote nothing)"])[-1][:300]
+    last = last_line(log, since) or "(it wrote nothing)"
     sys.exit(f"error: bench.pair: {what}: {last} (log: {log})")
 
 
@@ -371,13 +371,6 @@ def wait_for_arms(out, procs, arms, refresh, again=lambda arm: None):
 
 def log_size(path):
     return os.path.getsize(path) if os.path.exists(path) else 0
-
-
-def log_tail(log, since):
-    """What a stage wrote to log past byte `since`: its last 20,000 bytes at most, as text."""
-    with open(log, "rb") as f:
-        f.seek(max(since, log_size(log) - 20_000))
-        return f.read().decode(errors="replace")
 
 
 def died_of_oom(log, since):

@@ -93,12 +93,18 @@ def run_one(k, name, flags, seed, args):
     return name, seed, out, rc
 
 
-def last_line(log, limit=300):
-    """A run's log -> its last non-empty line (train.py's one-line error), cut to limit; '' if none."""
+def log_tail(log, since=0):
+    """What a run wrote to log past byte `since`: its last 20,000 bytes at most, as text."""
+    with open(log, "rb") as f:
+        f.seek(max(since, os.path.getsize(log) - 20_000))
+        return f.read().decode(errors="replace")
+
+
+def last_line(log, since=0, limit=300):
+    """The last non-empty line a run wrote to log past byte `since` (train.py's one-line error; \r
+    splits progress bars), cut to limit; '' if none or no log."""
     try:
-        with open(log, "rb") as f:
-            f.seek(max(0, os.path.getsize(log) - 4096))  # the tail: a long run's log is large
-            lines = f.read().decode(errors="replace").replace("\r", "\n").splitlines()  # \r: progress bars
+        lines = log_tail(log, since).replace("\r", "\n").split("\n")
     except OSError:
         return ""
     line = next((x.strip() for x in reversed(lines) if x.strip()), "")
