@@ -14,7 +14,8 @@ process runs in it; Ctrl-C or SIGTERM stops the stages running, each keeping wha
   2. clone    bench.bc --train from --model, --epochs -> OUT/clone/
   3. eval     the clone on valid_seen and valid_unseen (train.py --eval_only 1) -> OUT/clone_eval/,
               run beside 4 (the arms do not need it)
-  4. arms     train.py --algo gigpo and --algo grpo from the clone at once, sharing the GPU, with the
+  4. arms     train.py --algo gigpo and --algo grpo from the clone at once, sharing the GPU (on a host
+              of several, each arm on its own: arm_device), with the
               --time_limit left after 1-2 (less the final evals: 2x the clone's eval, as an earlier
               call timed it, else 300 s) -> OUT/gigpo/,
               OUT/grpo/ (each checkpointed where it stops: ~1.6 GB for SmolLM2 with its AdamW state);
@@ -56,6 +57,8 @@ import subprocess
 import sys
 import tarfile
 import time
+
+import torch
 
 import checkpoint
 import checks
@@ -273,13 +276,22 @@ def start_arms(args, extra, clone, lora, minutes, arms, at):
         cmd = ["train.py", "--env", "alfworld", "--model", clone, "--algo", arm, "--out_dir", run_dir]
         limit = ["--time_limit", f"{minutes:.2f}"] if minutes else []
         saves = ["--save_every", str(SAVE_EVERY)] if args.lora_rank else []  # carried as they come
+        env = compile_caches(run_dir) if args.lora_rank else dict(os.environ)
         procs[arm] = run(
             [*cmd, *ARM_FLAGS, *lora, *saves, *limit, *resume, *extra],
             os.path.join(args.out, f"{arm}.log"),
             wait=False,
-            env=compile_caches(run_dir) if args.lora_rank else None,
+            env={**env, **arm_device(args.arms, arm)},
         )
     return procs
+
+
+def arm_device(arms, arm):
+    """Where an arm runs: on a host of several GPUs, the k-th arm on the k-th GPU (of those
+    CUDA_VISIBLE_DEVICES lists, if set), each at one GPU's speed; on one GPU, beside the others ({})."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    gpus = visible.split(",") if visible else [str(k) for k in range(torch.cuda.device_count())]
+    return {"CUDA_VISIBLE_DEVICES": gpus[arms.index(arm) % len(gpus)]} if len(gpus) > 1 else {}
 
 
 def evaluate_exports(args, extra, log):
@@ -291,7 +303,8 @@ def evaluate_exports(args, extra, log):
             continue
         model, out_dir = os.path.join(args.out, arm, "model"), os.path.join(args.out, f"{arm}_eval")
         cmd = ["train.py", "--env", "alfworld", "--eval_only", "1", "--model", model, "--out_dir", out_dir]
-        procs[arm] = run([*cmd, *ARM_FLAGS, *extra], log, wait=False)
+        env = {**os.environ, **arm_device(args.arms, arm)}
+        procs[arm] = run([*cmd, *ARM_FLAGS, *extra], log, wait=False, env=env)
     if any(p.wait() for p in procs.values()):
         fail("an arm's eval failed", log, since)
 

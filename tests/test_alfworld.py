@@ -821,6 +821,37 @@ def test_an_arm_dead_of_cuda_out_of_memory_starts_again(tmp_path, monkeypatch, c
         replicate("twice", {"gigpo": [oom, oom, ok], "grpo": [ok]})
 
 
+def test_pair_puts_each_arm_on_its_own_gpu_where_there_are_several(tmp_path, monkeypatch):
+    """On a host of several GPUs the arms (and their evals) each get one, so neither waits on the
+    other; on one GPU they share it, the environment untouched."""
+    import argparse
+
+    from bench import pair
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(pair.torch.cuda, "device_count", lambda: 2)
+    assert [pair.arm_device(list(pair.ARMS), a) for a in pair.ARMS] == [
+        {"CUDA_VISIBLE_DEVICES": "0"},
+        {"CUDA_VISIBLE_DEVICES": "1"},
+    ]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6,7")  # the user's choice of GPUs is kept
+    assert pair.arm_device(["gigpo", "grpo"], "grpo") == {"CUDA_VISIBLE_DEVICES": "6"}
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    assert pair.arm_device(["gigpo", "grpo"], "grpo") == {}
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    monkeypatch.setattr(pair.torch.cuda, "device_count", lambda: 2)
+    envs = {}
+    monkeypatch.setattr(
+        pair, "run", lambda cmd, log, wait=True, env=None: envs.setdefault(cmd[cmd.index("--algo") + 1], env)
+    )
+    args = argparse.Namespace(out=str(tmp_path), arms=list(pair.ARMS), minutes=0, lora_rank=0, caches=None)
+    pair.start_arms(args, [], "clone", [], 0, ["grpo"], {"grpo": 0})  # grpo alone (again): still GPU 1
+    assert envs["grpo"]["CUDA_VISIBLE_DEVICES"] == "1" and envs["grpo"]["PATH"] == os.environ["PATH"]
+    monkeypatch.setattr(pair.torch.cuda, "device_count", lambda: 1)
+    pair.start_arms(args, [], "clone", [], 0, ["gigpo"], {"gigpo": 0})
+    assert "CUDA_VISIBLE_DEVICES" not in envs["gigpo"]
+
+
 def test_pair_keeps_the_seed_its_clone_was_made_with(tmp_path):
     """OUT/stages.json records --seed with the clone's flags. An older OUT's expert data (no seed
     recorded) takes this call's; one whose clone was made before the seed was recorded had seed 0;
