@@ -1048,3 +1048,22 @@ def test_bench_iteration_reports_every_iteration_and_the_last_as_steady_state(tm
     assert "steady state (iteration 2)" in r.stdout and "| 1 |" in r.stdout and "| 2 |" in r.stdout
     assert re.search(r"the env wait: \d+%", r.stdout), r.stdout[-500:]
     assert "--iterations 2" in r.stdout  # the train.py command it timed
+
+
+def test_bench_iteration_warmup_turns_cut_only_the_first_iterations_episodes(tmp_path):
+    """--warmup_turns 1: iteration 1 (compile's warm-up) plays one step an episode, iteration 2 whole
+    episodes, so a steady state is timed without a whole first iteration; a negative one is one line."""
+    r, res = bench_iteration(tmp_path, "--env_workers 0 --iterations 2 --warmup_turns 1")
+    first, second = res["per_iteration"]
+    assert first["episode_length"] == 1 and second["episode_length"] > 1
+    assert first["samples"] == 4 and second["samples"] > 4  # 2 groups x 2 envs, one step each
+    bad = subprocess.run(
+        [sys.executable, "-m", "bench.iteration", "--warmup_turns", "-1"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert (
+        bad.returncode == 1
+        and bad.stderr.strip() == "error: --warmup_turns -1: give 0 (off) or a number of steps"
+    )
