@@ -15,10 +15,10 @@ process runs in it; Ctrl-C or SIGTERM stops the stages running, each keeping wha
   3. eval     the clone on valid_seen and valid_unseen (train.py --eval_only 1) -> OUT/clone_eval/,
               run beside 4 (the arms do not need it)
   4. arms     train.py --algo gigpo and --algo grpo from the clone at once, sharing the GPU (on a host
-              of several, each arm on its own: arm_device), with the
-              --time_limit left after 1-2 (less the final evals: 2x the clone's eval, as an earlier
-              call timed it, else 300 s) -> OUT/gigpo/,
-              OUT/grpo/ (each checkpointed where it stops: ~1.6 GB for SmolLM2 with its AdamW state);
+              of several, each arm on its own: arm_device), with the --time_limit left after 1-2
+              (less the final evals: 2x the clone's eval, as an earlier call timed it, else 300 s)
+              -> OUT/gigpo/, OUT/grpo/ (each checkpointed where it stops: ~1.6 GB for SmolLM2 with
+              its AdamW state);
               an arm dead of CUDA out of memory starts again from its checkpoint (OOM_TRIES times),
               the clone's eval again alone once the arms end
   4b. evals   a time limit's stop saves without an eval: the arms' model/ exports on both splits, at
