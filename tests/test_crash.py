@@ -387,10 +387,9 @@ def test_a_resumed_run_logs_the_last_eval_until_its_next(tmp_path):
     lines = [json.loads(line) for line in open(out / "metrics.jsonl")]
     ev = [m["eval_success"] for m in lines]
     assert ev[0] is None and ev[1] is not None and ev[2] == ev[1] and ev[3] is not None, ev
+    # named sets (ALFWorld) come back as sets
     line = {"eval_success": 0.2, "eval_success/valid_seen": 0.2, "eval_success/valid_seen/pick": 0.3}
-    rates = records.logged_rates(
-        {"metrics_line": json.dumps(line)}
-    )  # named sets (ALFWorld) come back as sets
+    rates = records.logged_rates({"metrics_line": json.dumps(line)})
     assert rates == {"valid_seen": 0.2, "valid_seen/pick": 0.3} and records.logged_rates(None) == {}
 
 
