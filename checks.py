@@ -34,10 +34,32 @@ def first_line(e):
     return (str(e).strip().splitlines() or [type(e).__name__])[0].split(". ")[0][:200]
 
 
-def check_config(cfg):
+def idle_flags(cfg, defaults):
+    """Flags set away from their default (defaults: train.py's Config under the env's preset) that the
+    rest of cfg never reads -> one note each. A note, not an error: a sweep gives all its arms one set
+    of flags (bench.pair's --similarity reaches its GRPO arm too)."""
+    idle = {
+        "similarity": (cfg.algo != "gigpo", f"--algo {cfg.algo} has no step groups"),
+        "norm": (cfg.algo not in ("gigpo", "grpo"), f"--algo {cfg.algo} has no group normalization"),
+        "memory_k": (cfg.memory in ("none", "full"), f"--memory {cfg.memory} has no length"),
+        "overlap": (not cfg.env_workers, "envs stepped in-process have no wait to hide (--env_workers N)"),
+    }
+    return [
+        f"note: --{k} {getattr(cfg, k)!r} does nothing: {why}"
+        for k, (unread, why) in idle.items()
+        if unread and getattr(cfg, k) != getattr(defaults, k)
+    ]
+
+
+def check_config(cfg, defaults=None):
     """Bad input -> one line that names the flag, before any heavy work (and before metrics.jsonl
-    is touched): a value that would only fail later would do so after minutes, mid-run."""
+    is touched): a value that would only fail later would do so after minutes, mid-run. With
+    defaults, a note (stderr, rank 0) for each flag given that does nothing (idle_flags)."""
     import ppo  # here, not at the top: ppo -> fsdp -> checks (fail)
+
+    if defaults is not None and os.environ.get("RANK", "0") == "0":
+        for note in idle_flags(cfg, defaults):
+            print(note, file=sys.stderr)
 
     bad = fail
     for f in dataclasses.fields(cfg):  # nan / inf in any float flag ends as NaN weights

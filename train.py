@@ -201,7 +201,7 @@ def main(argv=None):
     """One run: set-up, then sections 1-6 of the module docstring for every iteration -> the final
     eval success on rank 0 (None on the others)."""
     cfg, t_set_up = parse_args(sys.argv[1:] if argv is None else argv), [time.perf_counter()]
-    check_config(cfg)
+    check_config(cfg, env_defaults(cfg.env))
     meta = claim_out_dir(cfg)  # out_dir locked; a fresh run never writes over a run
     log_path, config = os.path.join(cfg.out_dir, "metrics.jsonl"), dataclasses.asdict(cfg)
     kept = kept_log(log_path, meta["iteration"], meta.get("metrics_line")) if meta else []
@@ -609,12 +609,11 @@ def stop_if_not_finite(model, critic, upd, it, cfg, saved):
 def parse_args(argv):
     """--key value / --key=value for every Config field; anything else is an error. The chosen env's
     preset (PRESETS, e.g. the paper's ALFWorld setup) applies first, so flags still override."""
-    cfg, fields = Config(), {f.name: f for f in dataclasses.fields(Config)}
-    env = cfg.env
+    fields, env = {f.name: f for f in dataclasses.fields(Config)}, Config.env
     for k, arg in enumerate(argv):
         if arg == "--env" and k + 1 < len(argv) or arg.startswith("--env="):
             env = arg[6:] if arg.startswith("--env=") else argv[k + 1]
-    cfg = dataclasses.replace(cfg, **PRESETS.get(env, {}))
+    cfg = env_defaults(env)
     if "--help" in argv or "-h" in argv:  # each flag's meaning: the comment beside it in Config
         print(flag_help(dataclasses.replace(cfg, env=env)))
         sys.exit(0)
@@ -643,6 +642,11 @@ def parse_args(argv):
             fail(f"--{key} wants a {kind.__name__}, got {value!r}")
         i += 1
     return cfg
+
+
+def env_defaults(env):
+    """Config under env's preset (PRESETS): what a run of that env gets without flags."""
+    return dataclasses.replace(Config(), **PRESETS.get(env, {}))
 
 
 def flag_help(cfg):

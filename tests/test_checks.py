@@ -136,3 +136,26 @@ def test_flags_that_depend_on_the_ranks_are_one_line():
         e.value.code
     )
     checks.check_world(train.parse_args(["--n_groups", "3"]), 1)  # one process: fine
+
+
+def test_flags_that_do_nothing_get_a_note_and_the_run_goes_on(tmp_path, capsys):
+    """idle_flags: a flag given away from its default that the rest of the config never reads is a
+    note on stderr (one line each), not an error; the same value left at its default, or one the
+    config does read, gets none."""
+    note = lambda *args: checks.idle_flags(train.parse_args(list(args)), train.env_defaults(args[1]))  # noqa: E731
+    assert note("--env", "treasure", "--algo", "grpo", "--similarity", "0.8") == [
+        "note: --similarity 0.8 does nothing: --algo grpo has no step groups"
+    ]
+    assert note("--env", "treasure", "--algo", "gigpo", "--similarity", "0.8") == []
+    assert note("--env", "treasure", "--algo", "rloo", "--norm", "mean_std_norm")[0].startswith(
+        "note: --norm"
+    )
+    assert note("--env", "treasure", "--memory_k", "3")[0].startswith("note: --memory_k 3 does nothing")
+    assert note("--env", "treasure", "--memory", "window", "--memory_k", "3", "--overlap", "1") == [
+        "note: --overlap True does nothing: envs stepped in-process have no wait to hide (--env_workers N)"
+    ]
+    # ALFWorld's preset sets memory_k 2: --memory none leaves it unread, but the user did not give it
+    assert note("--env", "alfworld", "--memory", "none") == []
+    cfg = train.parse_args(["--algo", "grpo", "--similarity", "0.5", "--out_dir", str(tmp_path / "out")])
+    train.check_config(cfg, train.env_defaults(cfg.env))  # no SystemExit
+    assert capsys.readouterr().err == "note: --similarity 0.5 does nothing: --algo grpo has no step groups\n"
