@@ -10,7 +10,8 @@ A replicate (each stage is skipped where its output is whole, so a rerun goes on
 OUT/stages.json keeps; one bench.pair per OUT at a time; an arm's folder is never moved while a
 process runs in it; Ctrl-C or SIGTERM stops the stages running, each keeping what it saved):
   1. collect  the expert on train games 0..--games-1 (bench.bc --collect, over --procs processes)
-              -> OUT/bc.jsonl
+              -> OUT/bc.jsonl; needs no GPU: --collect_only makes it alone (on a 2-core machine
+              ~4 min for 300 games), and OUT (bc.jsonl ~4 MB, stages.json) goes to the GPU host
   2. clone    bench.bc --train from --model, --epochs -> OUT/clone/
   3. eval     the clone on valid_seen and valid_unseen (train.py --eval_only 1) -> OUT/clone_eval/,
               run beside 4 (the arms do not need it)
@@ -146,6 +147,8 @@ def replicate(args, extra):
     lora = ["--lora_rank", str(args.lora_rank)] * bool(args.lora_rank)
     if not os.path.exists(data):
         collect_expert(args, data, log, t0)
+    if args.collect_only:
+        return print(f"bench.pair: {data} made; a GPU host's same command (without --collect_only) goes on")
     if not os.path.exists(os.path.join(clone, "tokenizer_config.json")):
         make_clone(args, data, clone, lora, log, t0)
     evals = {"clone": os.path.join(out, "clone_eval")}
@@ -475,6 +478,11 @@ def main(argv=None):
         metavar="SRC",
         help="an earlier replicate's OUT or carry.tgz (--lora_rank): new arms start with its compile caches",
     )
+    ap.add_argument(
+        "--collect_only",
+        action="store_true",
+        help="stage 1 alone (CPU, no --model): OUT's expert data, made before a GPU host's same command",
+    )
     ap.add_argument("--report", nargs="+", metavar="OUT", help="pool these replicates' folders instead")
     args, extra = ap.parse_known_args(argv)
     extra = [*extra, "--seed", str(args.seed)]  # train.py's, for the clone's eval and both arms
@@ -482,7 +490,7 @@ def main(argv=None):
         text = report(args.report, args.arms)
         print(text)
         return text
-    if not args.model or not args.out:
+    if not (args.model or args.collect_only) or not args.out:
         sys.exit("error: bench.pair: give --model DIR and --out DIR (or --report OUT ...)")
     if args.games < 1 or args.procs < 1 or args.epochs < 1 or args.minutes < 0:
         sys.exit("error: bench.pair: --games, --procs and --epochs must be >= 1, --minutes >= 0")
@@ -492,9 +500,9 @@ def main(argv=None):
         )
     if args.caches and not os.path.exists(args.caches):
         sys.exit(f"error: bench.pair: --caches {args.caches}: not found")
-    if not os.path.isdir(args.model):
+    if not args.collect_only and not os.path.isdir(args.model):
         sys.exit(f"error: bench.pair: --model {args.model}: no such folder (python smollm2.py DIR makes one)")
-    args.out, args.model = os.path.abspath(args.out), os.path.abspath(args.model)
+    args.out, args.model = os.path.abspath(args.out), args.model and os.path.abspath(args.model)
     try:
         replicate(args, extra)
     except KeyboardInterrupt:  # the stages still running get SIGTERM, as train.py's own Ctrl-C: each keeps

@@ -544,7 +544,10 @@ def test_pair_plays_a_replicate_end_to_end_and_pools_replicates(data_dir, tiny_m
     monkeypatch.setattr(
         pair, "run", lambda cmd, *a, **k: calls.append((cmd, k.get("wait", True))) or real_run(cmd, *a, **k)
     )
+    pair.main(["--collect_only", "--out", str(tmp_path / "r1"), *small])  # stage 1 alone, no model
+    assert (tmp_path / "r1" / "bc.jsonl").exists() and not (tmp_path / "r1" / "clone").exists()
     pair.main(["--model", str(tmp_path / "tiny"), "--out", str(tmp_path / "r1"), *small])
+    assert sum("--collect" in c for c, _ in calls) == 2  # its 2 processes: the second call collected none
     order = [
         ("clone_eval" if "--eval_only" in c else c[c.index("--algo") + 1], w)
         for c, w in calls
