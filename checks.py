@@ -44,8 +44,9 @@ def idle_flags(cfg, defaults):
         "memory_k": (cfg.memory in ("none", "full"), f"--memory {cfg.memory} has no length"),
         "overlap": (not cfg.env_workers, "envs stepped in-process have no wait to hide (--env_workers N)"),
     }
+    show = lambda v: int(v) if isinstance(v, bool) else v  # noqa: E731  (a bool flag is given as 1 / 0)
     return [
-        f"note: --{k} {getattr(cfg, k)!r} does nothing: {why}"
+        f"note: --{k} {show(getattr(cfg, k))} does nothing: {why}"
         for k, (unread, why) in idle.items()
         if unread and getattr(cfg, k) != getattr(defaults, k)
     ]

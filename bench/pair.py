@@ -491,7 +491,10 @@ def main(argv=None):
         print(text)
         return text
     if not (args.model or args.collect_only) or not args.out:
-        sys.exit("error: bench.pair: give --model DIR and --out DIR (or --report OUT ...)")
+        sys.exit(
+            "error: bench.pair: give --model DIR and --out DIR "
+            "(or --collect_only --out DIR, or --report OUT ...)"
+        )
     if args.games < 1 or args.procs < 1 or args.epochs < 1 or args.minutes < 0:
         sys.exit("error: bench.pair: --games, --procs and --epochs must be >= 1, --minutes >= 0")
     if args.caches and not args.lora_rank:

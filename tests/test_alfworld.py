@@ -804,19 +804,10 @@ def test_an_arm_dead_of_cuda_out_of_memory_starts_again(tmp_path, monkeypatch, c
 
         monkeypatch.setattr(pair, "start_arms", start_arms)
         flags = dict(
-            games=300,
-            epochs=1,
-            bc_flags="",
-            lora_rank=4,
-            seed=0,
-            minutes=0,
-            start_up=0,
-            caches=None,
-            collect_only=False,
+            games=300, epochs=1, bc_flags="", lora_rank=4, seed=0, minutes=0, start_up=0, caches=None
         )
-        pair.replicate(
-            argparse.Namespace(out=str(out), arms=list(pair.ARMS), model="m", procs=1, **flags), []
-        )
+        args = argparse.Namespace(out=str(out), arms=list(pair.ARMS), model="m", procs=1, collect_only=False)
+        pair.replicate(argparse.Namespace(**vars(args), **flags), [])
         return started
 
     assert replicate("oom", {"gigpo": [oom, ok], "grpo": [ok]}) == [("gigpo", 0), ("grpo", 0), ("gigpo", 2)]

@@ -152,7 +152,7 @@ def test_flags_that_do_nothing_get_a_note_and_the_run_goes_on(tmp_path, capsys):
     )
     assert note("--env", "treasure", "--memory_k", "3")[0].startswith("note: --memory_k 3 does nothing")
     assert note("--env", "treasure", "--memory", "window", "--memory_k", "3", "--overlap", "1") == [
-        "note: --overlap True does nothing: envs stepped in-process have no wait to hide (--env_workers N)"
+        "note: --overlap 1 does nothing: envs stepped in-process have no wait to hide (--env_workers N)"
     ]
     # ALFWorld's preset sets memory_k 2: --memory none leaves it unread, but the user did not give it
     assert note("--env", "alfworld", "--memory", "none") == []
