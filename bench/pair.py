@@ -451,7 +451,12 @@ def main(argv=None):
     ap.add_argument("--model", help="the HF folder to clone from (python smollm2.py DIR)")
     ap.add_argument("--out", help="the replicate's folder")
     ap.add_argument("--games", type=int, default=300, help="expert train games 0..N-1")
-    ap.add_argument("--procs", type=int, default=12, help="processes for the expert's collection")
+    ap.add_argument(
+        "--procs",
+        type=int,
+        default=min(12, os.cpu_count() or 1),
+        help="processes for the expert's collection (default: the cores, at most 12)",
+    )
     ap.add_argument("--epochs", type=int, default=1, help="bench.bc --train --epochs")
     ap.add_argument("--bc_flags", default="", help="more bench.bc --train flags, one string")
     ap.add_argument(
