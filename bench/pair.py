@@ -148,7 +148,8 @@ def replicate(args, extra):
     if not os.path.exists(data):
         collect_expert(args, data, log, t0)
     if args.collect_only:
-        return print(f"bench.pair: {data} made; a GPU host's same command (without --collect_only) goes on")
+        print(f"bench.pair: {data} made; a GPU host's same command (without --collect_only) goes on")
+        return
     if not os.path.exists(os.path.join(clone, "tokenizer_config.json")):
         make_clone(args, data, clone, lora, log, t0)
     evals = {"clone": os.path.join(out, "clone_eval")}
